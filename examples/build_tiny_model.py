@@ -1,0 +1,108 @@
+"""Build a tiny random-weight hybrid Qwen3-Next (3 Gated-DeltaNet layers + 1 attention layer).
+
+There is no model hub here, so the tests and the demo generate their model. The weights are
+random but deliberately large (`initializer_range`) so that the output really depends on the
+recurrent state: restoring a wrong state changes greedy tokens, which is what makes the
+exactness tests able to fail.
+
+    python examples/build_tiny_model.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+VOCAB_SIZE = 2048
+DEFAULTS = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=128,
+    # The CPU GDN kernel needs linear head dims of 128.
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=2,
+    linear_num_value_heads=2,
+    linear_conv_kernel_dim=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    max_position_embeddings=65536,
+    initializer_range=0.08,
+    tie_word_embeddings=False,
+)
+
+
+def _corpus(n_lines: int = 4000):
+    import random
+
+    rng = random.Random(0)
+    words = ["def", "class", "return", "import", "self", "if", "else", "for", "in", "print",
+             "value", "index", "cache", "state", "token", "layer", "model", "agent", "tool",
+             "file", "edit", "read", "write", "test", "error", "(", ")", ":", "=", ",", "."]
+    for _ in range(n_lines):
+        yield " ".join(rng.choice(words) + str(rng.randint(0, 99)) for _ in range(12))
+
+
+def build_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<unk>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.save_pretrained(out)
+
+
+def build(out: str | Path, seed: int = 0, **overrides) -> Path:
+    """Write config, random weights and tokenizer to `out` (idempotent)."""
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    out = Path(out)
+    marker = out / "histate_tiny.json"
+    params = {**DEFAULTS, **overrides, "seed": seed}
+    if marker.exists() and json.loads(marker.read_text()) == params:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    cfg_kwargs = {k: v for k, v in params.items() if k != "seed"}
+    config = Qwen3NextConfig(vocab_size=VOCAB_SIZE, bos_token_id=1, eos_token_id=1,
+                             pad_token_id=1, **cfg_kwargs)
+    model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out)
+    build_tokenizer(out)
+    marker.write_text(json.dumps(params))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="output directory")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--initializer-range", type=float, default=DEFAULTS["initializer_range"])
+    args = ap.parse_args(argv)
+    path = build(args.out, seed=args.seed, initializer_range=args.initializer_range)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

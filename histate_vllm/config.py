@@ -1,0 +1,136 @@
+"""The connector's `kv_connector_extra_config`, validated before the engine starts.
+
+Every key is checked here, once, so a typo in a `vllm serve` command stops start-up with a
+message naming the key and what is accepted, instead of silently running without a cache.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+POLICIES = ("histate", "lru")
+
+
+class ConfigError(ValueError):
+    """Invalid `kv_connector_extra_config` for HiStateConnector."""
+
+
+@dataclass(frozen=True)
+class HiStateConfig:
+    # Host memory for KV chunks and recurrent states (bytes).
+    dram_bytes: int
+    # Directory of the SSD checkpoint store; None disables the SSD tier.
+    ssd_dir: str | None = None
+    # Disk budget of the SSD store (bytes); required with ssd_dir.
+    ssd_bytes: int = 0
+    # "histate" (default) or "lru" (the ablation).
+    policy: str = "histate"
+    # "adaptive" or a fixed checkpoint interval in tokens.
+    interval: str | int = "adaptive"
+    # Most bytes of SSD writes queued in the background before new ones are dropped.
+    ssd_queue_bytes: int = 256 << 20
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> HiStateConfig:
+        extra = dict(extra or {})
+        accepted = {f.name for f in fields(cls)}
+        unknown = sorted(set(extra) - accepted)
+        if unknown:
+            raise ConfigError(
+                f"HiStateConnector: unknown kv_connector_extra_config key(s) {unknown}; "
+                f"accepted keys are {sorted(accepted)}"
+            )
+        if "dram_bytes" not in extra:
+            raise ConfigError(
+                "HiStateConnector: kv_connector_extra_config needs 'dram_bytes' "
+                "(host memory for the cache, a positive integer of bytes)"
+            )
+        cfg = cls(
+            dram_bytes=_positive_int(extra, "dram_bytes"),
+            ssd_dir=_ssd_dir(extra),
+            ssd_bytes=_nonneg_int(extra, "ssd_bytes") if "ssd_bytes" in extra else 0,
+            policy=_choice(extra, "policy", POLICIES, "histate"),
+            interval=_interval(extra),
+            ssd_queue_bytes=(
+                _positive_int(extra, "ssd_queue_bytes")
+                if "ssd_queue_bytes" in extra
+                else cls.ssd_queue_bytes
+            ),
+        )
+        if cfg.ssd_dir is not None and cfg.ssd_bytes <= 0:
+            raise ConfigError(
+                "HiStateConnector: 'ssd_dir' is set, so 'ssd_bytes' must be a positive "
+                "integer of bytes (the disk budget)"
+            )
+        if cfg.ssd_dir is None and cfg.ssd_bytes:
+            raise ConfigError("HiStateConnector: 'ssd_bytes' is set but 'ssd_dir' is not")
+        return cfg
+
+
+def _int(extra: dict[str, Any], key: str) -> int:
+    value = extra[key]
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"HiStateConnector: '{key}' must be an integer of bytes, got {value!r}")
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(
+            f"HiStateConnector: '{key}' must be an integer of bytes, got {value!r}"
+        ) from None
+
+
+def _positive_int(extra: dict[str, Any], key: str) -> int:
+    value = _int(extra, key)
+    if value <= 0:
+        raise ConfigError(f"HiStateConnector: '{key}' must be > 0, got {value}")
+    return value
+
+
+def _nonneg_int(extra: dict[str, Any], key: str) -> int:
+    value = _int(extra, key)
+    if value < 0:
+        raise ConfigError(f"HiStateConnector: '{key}' must be >= 0, got {value}")
+    return value
+
+
+def _choice(extra: dict[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    value = extra.get(key, default)
+    if value not in choices:
+        raise ConfigError(
+            f"HiStateConnector: '{key}' must be one of {list(choices)}, got {value!r}"
+        )
+    return value
+
+
+def _interval(extra: dict[str, Any]) -> str | int:
+    value = extra.get("interval", "adaptive")
+    if value == "adaptive":
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        value = None
+    else:
+        try:
+            value = int(value)
+        except ValueError:
+            value = None
+    if value is None or value <= 0:
+        raise ConfigError(
+            "HiStateConnector: 'interval' must be \"adaptive\" or a positive number of "
+            f"tokens, got {extra.get('interval')!r}"
+        )
+    return value
+
+
+def _ssd_dir(extra: dict[str, Any]) -> str | None:
+    value = extra.get("ssd_dir")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"HiStateConnector: 'ssd_dir' must be a directory path, got {value!r}")
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"HiStateConnector: 'ssd_dir' {value!r} exists and is not a directory")
+    return os.fspath(path)

