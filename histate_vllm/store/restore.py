@@ -1,0 +1,178 @@
+"""The read half of SSDStore: verified restores, prefetch, quarantine on failure.
+
+Nothing is returned before it verifies: the manifest's checksum and identity, each
+referenced chunk's recorded checksum (headers), then the payload's size and checksum.
+A failure quarantines what it makes unusable and raises CorruptEntry.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from histate_vllm.store import quarantine
+from histate_vllm.store.errors import CorruptEntry, MissingEntry
+from histate_vllm.store.fileio import classify
+from histate_vllm.store.format import (
+    HEADER_BYTES,
+    FormatError,
+    Kind,
+    Manifest,
+    StoreIdentity,
+    decode_manifest,
+)
+from histate_vllm.store.layout import Layout
+from histate_vllm.store.reader import BadEntry, Expect, peek_header, read_into
+from histate_vllm.store.scan import read_small_file
+
+
+class RestoreMixin:
+    """read_chunk(s), read_checkpoint, prefetch. SSDStore supplies the attributes
+    annotated here and `_fail`."""
+
+    layout: Layout
+    identity: StoreIdentity
+    quarantine_keep: int
+    _digest: str
+
+    def read_chunk(self, key: bytes, out) -> int:
+        """Fill `out` with the chunk's payload, verified; return its size in bytes."""
+        try:
+            fd = os.open(self.layout.chunk_path(key), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise MissingEntry(key, "chunk") from None
+        except OSError as e:
+            raise self._fail(classify(e, "read chunk")) from e
+        try:
+            return read_into(fd, key, Kind.CHUNK, self._digest, out)
+        except BadEntry as e:
+            raise self._corrupt_chunk(key, str(e)) from None
+        except OSError as e:
+            raise self._fail(classify(e, "read chunk")) from e
+        finally:
+            os.close(fd)
+
+    def read_chunks(self, keys: Sequence[bytes], outs: Sequence, *, ahead: int = 4) -> list[int]:
+        """`read_chunk` for each (key, out) in order, the next `ahead` files always
+        prefetched (see `prefetch`): how a restore should read many chunks.
+        Stops at the first failure, raising what `read_chunk` raises."""
+        if len(keys) != len(outs):
+            raise ValueError(f"{len(keys)} keys but {len(outs)} output buffers")
+        self.prefetch(keys[:ahead])
+        sizes = []
+        for i, (key, out) in enumerate(zip(keys, outs)):
+            self.prefetch(keys[i + ahead : i + ahead + 1])
+            sizes.append(self.read_chunk(key, out))
+        return sizes
+
+    def read_checkpoint(
+        self, key: bytes, out, *, verify_chunks: bool = True, prefetch_chunks: bool = False
+    ) -> int:
+        """Fill `out` with the checkpoint's state, verified; return its size in bytes.
+
+        With `verify_chunks`, also checks (headers only) that every chunk the manifest
+        names is present with the recorded checksum; the chunk payloads are verified
+        by `read_chunk`. On any failure the checkpoint is quarantined.
+        `prefetch_chunks` (with `verify_chunks`) starts reading those chunk files in
+        the background, for a restore that reads them next (see `prefetch`).
+        """
+        for attempt in range(2):
+            m = self.load_manifest(key)
+            if verify_chunks:
+                self._verify_refs(key, m, prefetch_chunks)
+            path = self.layout.state_path(key, m.state_file)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if attempt == 0:
+                    continue  # replaced or deleted while we looked: look again
+                raise self._corrupt_checkpoint(key, "state file missing", False) from None
+            except OSError as e:
+                raise self._fail(classify(e, "read checkpoint")) from e
+            expect = Expect(m.state_nbytes, m.state_checksum, m.state_algo)
+            try:
+                return read_into(fd, key, Kind.STATE, self._digest, out, expect)
+            except BadEntry as e:
+                raise self._corrupt_checkpoint(key, str(e), True) from None
+            except OSError as e:
+                raise self._fail(classify(e, "read checkpoint")) from e
+            finally:
+                os.close(fd)
+        raise AssertionError("unreachable")
+
+    def load_manifest(self, key: bytes) -> Manifest:
+        """The verified manifest of a checkpoint (quarantined if it does not verify)."""
+        try:
+            data = read_small_file(self.layout.manifest_path(key))
+        except FileNotFoundError:
+            raise MissingEntry(key, "checkpoint") from None
+        except OSError as e:
+            raise self._fail(classify(e, "read manifest")) from e
+        try:
+            m = decode_manifest(data)
+        except FormatError as e:
+            raise self._corrupt_checkpoint(key, f"garbage manifest: {e}", True) from None
+        if m.key != key or m.identity != self.identity:
+            raise self._corrupt_checkpoint(key, "manifest of another key or identity", True)
+        return m
+
+    def _manifest_or_none(self, key: bytes) -> Manifest | None:
+        try:
+            m = decode_manifest(read_small_file(self.layout.manifest_path(key)))
+        except (OSError, FormatError):
+            return None
+        return m if m.key == key else None
+
+    def prefetch(self, chunk_keys: Sequence[bytes]) -> None:
+        """Start reading these chunk files in the background (posix_fadvise WILLNEED).
+
+        Reading many files one after another leaves the disk idle between them. On
+        this project's VM (9 MiB chunks, cold cache) reading with the next 4 files
+        hinted took restores from ~540 to ~760 MiB/s; hinting all 86 files of a 32k
+        context at once was slower than none (the queue floods). Missing files are
+        ignored. `read_chunks` does the rolling hint for you.
+        """
+        for ck in chunk_keys:
+            try:
+                fd = os.open(self.layout.chunk_path(ck), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
+    def _verify_refs(self, key: bytes, m: Manifest, prefetch: bool = False) -> None:
+        for ref in m.chunk_refs():
+            try:
+                found = peek_header(self.layout.chunk_path(ref.key), prefetch=prefetch)
+            except BadEntry as e:
+                raise self._corrupt_chunk(ref.key, str(e)) from None
+            except OSError as e:
+                raise self._fail(classify(e, "read chunk header")) from e
+            if found is None:
+                why = f"chunk {ref.key.hex()[:16]}… missing"
+                raise self._corrupt_checkpoint(key, why, False)
+            h, size = found
+            if h.kind != Kind.CHUNK or h.key != ref.key or h.identity_digest != self._digest:
+                raise self._corrupt_chunk(ref.key, "header names another entry")
+            if (h.nbytes, h.checksum, h.algo) != (ref.nbytes, ref.checksum, ref.algo):
+                why = f"chunk {ref.key.hex()[:16]}… holds other bytes than it was computed with"
+                raise self._corrupt_checkpoint(key, why, False)
+            if size != HEADER_BYTES + h.nbytes:
+                why = f"{size} bytes on disk, expected {HEADER_BYTES + h.nbytes}"
+                raise self._corrupt_chunk(ref.key, why)
+
+    def _corrupt_chunk(self, key: bytes, reason: str) -> CorruptEntry:
+        deps = quarantine.quarantine_chunk(self.layout, key, reason, keep=self.quarantine_keep)
+        return CorruptEntry(key, "chunk", reason, deps)
+
+    def _corrupt_checkpoint(self, key: bytes, reason: str, state_is_bad: bool) -> CorruptEntry:
+        quarantine.quarantine_checkpoint(
+            self.layout, key, reason, state_is_bad=state_is_bad, keep=self.quarantine_keep
+        )
+        return CorruptEntry(key, "checkpoint", reason, (key,))
+
+    def quarantine_checkpoint(self, key: bytes, reason: str) -> None:
+        """Take a checkpoint out of the store, e.g. after the caller saw it fail."""
+        self._corrupt_checkpoint(key, reason, False)

@@ -1,0 +1,300 @@
+"""StoreWriter: the background write queue in front of an SSDStore.
+
+The engine thread only enqueues; one daemon thread writes. `submit_*` takes a lock,
+appends and returns (no I/O, no copy: the payload must already be a copy the caller
+owns and does not modify until its completion is reported). The writer thread spends
+its time in calls that release the GIL (hashing, write, fsync), so it does not stall
+the engine thread.
+
+Bound and drop policy: at most `max_pending_bytes` of payload is held (queued plus
+the one being written). A submit that does not fit is rejected, newest first: it
+returns False and reports `ok=False, reason="queue full"`; what is already queued is
+kept. An item larger than the whole bound is accepted only when the queue is empty.
+
+Merging: a checkpoint submit cancels a queued, not yet started checkpoint of the same
+key and of every key in `supersedes` (reported `reason="superseded"`), but only if the
+new one is accepted. A chunk submit of a key already queued with the same provenance
+rides on the queued write.
+
+Order: first in, first out, so a checkpoint submitted after its chunks is published
+after they are written. A checkpoint referencing a chunk that this writer failed or
+rejected is not published (it could splice another computation's bytes).
+
+Completions: `on_done(key, ok, reason)` is called on the writer thread if given;
+otherwise `Completion`s accumulate until `drain_finished()` (poll it every step).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from histate_vllm.store.errors import StoreError
+from histate_vllm.store.publish import payload_view
+from histate_vllm.store.store import SSDStore
+
+logger = logging.getLogger(__name__)
+
+# Chunk keys whose write failed or was rejected, remembered until a later write of
+# the key succeeds (oldest forgotten first beyond this many).
+_MAX_FAILED_CHUNKS = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    key: bytes
+    kind: str  # "chunk" or "checkpoint"
+    ok: bool
+    reason: str  # "" on success
+    nbytes: int  # bytes on disk the entry occupies (0 on failure)
+
+
+class _Item:
+    __slots__ = (
+        "cancelled",
+        "chunk_keys",
+        "key",
+        "kind",
+        "nbytes",
+        "payload",
+        "position",
+        "provenance",
+        "waiters",
+    )  # fmt: skip
+
+    def __init__(self, kind, key, payload, provenance, position=0, chunk_keys=()):
+        self.kind = kind
+        self.key = key
+        self.payload = payload
+        self.nbytes = len(payload)
+        self.provenance = provenance
+        self.position = position
+        self.chunk_keys = chunk_keys
+        self.cancelled = False
+        self.waiters = 1  # submits this write answers
+
+
+class StoreWriter:
+    def __init__(
+        self,
+        store: SSDStore,
+        *,
+        max_pending_bytes: int,
+        on_done: Callable[[bytes, bool, str], None] | None = None,
+        name: str = "histate-store-writer",
+    ) -> None:
+        self.store = store
+        self.max_pending_bytes = max_pending_bytes
+        self.on_done = on_done
+        self._cv = threading.Condition()
+        self._queue: deque[_Item] = deque()
+        self._queued_ckpt: dict[bytes, _Item] = {}
+        # Chunk writes queued or in flight, by key.
+        self._open_chunks: dict[bytes, _Item] = {}
+        self._failed_chunks: OrderedDict[bytes, str] = OrderedDict()
+        self._pending_bytes = 0
+        self._inflight: _Item | None = None
+        self._finished: list[Completion] = []
+        self._closed = False
+        self.stats = dict.fromkeys(
+            ("submitted", "written", "rejected", "superseded", "failed", "bytes_written"), 0
+        )
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    # -- engine thread ------------------------------------------------------------
+
+    def submit_chunk(self, key: bytes, payload, *, provenance: str) -> bool:
+        """Queue a chunk write; False if rejected (queue full)."""
+        mv = payload_view(payload)
+        with self._cv:
+            self._check_open()
+            self.stats["submitted"] += 1
+            dup = self._open_chunks.get(key)
+            if dup is not None and dup.provenance == provenance:
+                dup.waiters += 1
+                return True
+            if not self._fits(len(mv), 0):
+                self._reject_locked(key)
+                rejected = Completion(key, "chunk", False, "queue full", 0)
+            else:
+                item = _Item("chunk", key, mv, provenance)
+                self._enqueue_locked(item)
+                self._open_chunks[key] = item
+                return True
+        self._emit([rejected])
+        return False
+
+    def submit_checkpoint(
+        self,
+        key: bytes,
+        payload,
+        *,
+        position: int,
+        chunk_keys: Sequence[bytes],
+        provenance: str,
+        supersedes: Sequence[bytes] = (),
+    ) -> bool:
+        """Queue a checkpoint publish; False if rejected (queue full)."""
+        mv = payload_view(payload)
+        done: list[Completion] = []
+        with self._cv:
+            self._check_open()
+            self.stats["submitted"] += 1
+            old = [self._queued_ckpt[k] for k in {key, *supersedes} if k in self._queued_ckpt]
+            accepted = self._fits(len(mv), sum(it.nbytes for it in old))
+            if not accepted:
+                self.stats["rejected"] += 1
+                done.append(Completion(key, "checkpoint", False, "queue full", 0))
+            else:
+                for it in old:
+                    it.cancelled = True
+                    del self._queued_ckpt[it.key]
+                    self._pending_bytes -= it.nbytes
+                    it.payload = None
+                    self.stats["superseded"] += 1
+                    done.append(Completion(it.key, "checkpoint", False, "superseded", 0))
+                item = _Item("checkpoint", key, mv, provenance, position, tuple(chunk_keys))
+                self._enqueue_locked(item)
+                self._queued_ckpt[key] = item
+        self._emit(done)
+        return accepted
+
+    def drain_finished(self) -> list[Completion]:
+        """Completions reported since the last call (when no `on_done` was given)."""
+        with self._cv:
+            out, self._finished = self._finished, []
+        return out
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything submitted so far is written; False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._queue and self._inflight is None, timeout)
+
+    def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting; write what is queued (drain) or cancel it, then stop."""
+        done: list[Completion] = []
+        with self._cv:
+            self._closed = True
+            if not drain:
+                while self._queue:
+                    it = self._queue.popleft()
+                    if it.cancelled:
+                        continue
+                    self._pending_bytes -= it.nbytes
+                    if self._open_chunks.get(it.key) is it:
+                        del self._open_chunks[it.key]
+                    it.payload = None
+                    done += [Completion(it.key, it.kind, False, "writer closed", 0)] * it.waiters
+                self._queued_ckpt.clear()
+            self._cv.notify_all()
+        self._emit(done)
+        self._thread.join(timeout)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("StoreWriter is closed")
+
+    def _fits(self, nbytes: int, freed: int) -> bool:
+        pending = self._pending_bytes - freed
+        return pending == 0 or pending + nbytes <= self.max_pending_bytes
+
+    def _reject_locked(self, key: bytes) -> None:
+        self.stats["rejected"] += 1
+        self._remember_failed(key, "rejected: queue full")
+
+    def _enqueue_locked(self, item: _Item) -> None:
+        self._queue.append(item)
+        self._pending_bytes += item.nbytes
+        self._cv.notify_all()
+
+    def _remember_failed(self, key: bytes, reason: str) -> None:
+        self._failed_chunks[key] = reason
+        self._failed_chunks.move_to_end(key)
+        while len(self._failed_chunks) > _MAX_FAILED_CHUNKS:
+            self._failed_chunks.popitem(last=False)
+
+    def _emit(self, done: list[Completion]) -> None:
+        if not done:
+            return
+        if self.on_done is None:
+            with self._cv:
+                self._finished.extend(done)
+            return
+        for c in done:
+            try:
+                self.on_done(c.key, c.ok, c.reason)
+            except Exception:
+                logger.exception("store writer: on_done callback failed")
+
+    # -- writer thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                item = self._queue.popleft()
+                if item.cancelled:
+                    if not self._queue:
+                        self._cv.notify_all()
+                    continue
+                if self._queued_ckpt.get(item.key) is item:
+                    del self._queued_ckpt[item.key]
+                self._inflight = item
+                blocked = None
+                if item.kind == "checkpoint":
+                    blocked = next((k for k in item.chunk_keys if k in self._failed_chunks), None)
+                    if blocked is not None:
+                        why = self._failed_chunks[blocked]
+                        blocked = f"chunk {blocked.hex()[:16]}… not written ({why})"
+            ok, reason, nbytes = self._execute(item, blocked)
+            with self._cv:
+                self._pending_bytes -= item.nbytes
+                item.payload = None
+                if item.kind == "chunk":
+                    if self._open_chunks.get(item.key) is item:
+                        del self._open_chunks[item.key]  # no more merging into it
+                    if ok:
+                        self._failed_chunks.pop(item.key, None)
+                    else:
+                        self._remember_failed(item.key, reason)
+                self.stats["written" if ok else "failed"] += 1
+                self.stats["bytes_written"] += nbytes
+                waiters = item.waiters
+            # Reported before the item stops being in flight, so that after flush()
+            # every completion is in drain_finished() or was passed to on_done.
+            self._emit([Completion(item.key, item.kind, ok, reason, nbytes)] * waiters)
+            with self._cv:
+                self._inflight = None
+                self._cv.notify_all()
+
+    def _execute(self, item: _Item, blocked: str | None) -> tuple[bool, str, int]:
+        if blocked is not None:
+            return False, blocked, 0
+        try:
+            if item.kind == "chunk":
+                n = self.store.write_chunk(item.key, item.payload, provenance=item.provenance)
+            else:
+                n = self.store.publish_checkpoint(
+                    item.key,
+                    item.payload,
+                    position=item.position,
+                    chunk_keys=item.chunk_keys,
+                    provenance=item.provenance,
+                )
+            return True, "", n
+        except StoreError as e:
+            return False, str(e), 0
+        except Exception as e:
+            logger.exception("store writer: unexpected error writing %s", item.kind)
+            return False, f"internal error: {e!r}", 0

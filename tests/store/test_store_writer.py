@@ -1,0 +1,202 @@
+"""StoreWriter: order, completions, merging, drop policy, shutdown, enqueue latency."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from store_helpers import IDENTITY, make_key, make_payload, read_checkpoint
+
+from histate_vllm.store import SSDStore, StoreWriter
+
+
+class GatedStore(SSDStore):
+    """Writes wait for `gate`, so a test can fill the queue behind a write in flight."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+
+    def write_chunk(self, *args, **kwargs):
+        self.started.set()
+        assert self.gate.wait(10)
+        return super().write_chunk(*args, **kwargs)
+
+    def publish_checkpoint(self, *args, **kwargs):
+        self.started.set()
+        assert self.gate.wait(10)
+        return super().publish_checkpoint(*args, **kwargs)
+
+
+@pytest.fixture
+def gated(tmp_path) -> GatedStore:
+    return GatedStore(tmp_path, IDENTITY, budget_bytes=1 << 30)
+
+
+C0, C1, C2 = make_key("c0"), make_key("c1"), make_key("c2")
+A, B = make_key("A", 1), make_key("B", 1)
+
+
+def outcomes(writer: StoreWriter) -> list[tuple[bytes, bool, str]]:
+    return [(c.key, c.ok, c.reason) for c in writer.drain_finished()]
+
+
+def test_writes_in_order_and_reports_completions(store):
+    w = StoreWriter(store, max_pending_bytes=1 << 20)
+    for k in (C0, C1):
+        assert w.submit_chunk(k, make_payload(1000, k.hex()), provenance="p")
+    assert w.submit_checkpoint(
+        A, make_payload(500, "A"), position=1056, chunk_keys=[C0, C1], provenance="p"
+    )
+    assert w.flush(timeout=10)
+    done = w.drain_finished()
+    assert [(c.key, c.kind, c.ok) for c in done] == [
+        (C0, "chunk", True),
+        (C1, "chunk", True),
+        (A, "checkpoint", True),
+    ]
+    assert done[2].nbytes == store.scan().checkpoints[A].nbytes
+    assert w.drain_finished() == []
+    np.testing.assert_array_equal(read_checkpoint(store, A, 500), make_payload(500, "A"))
+    assert w.pending_bytes == 0 and w.stats["written"] == 3
+    w.close()
+
+
+def test_on_done_callback(store):
+    seen = []
+    w = StoreWriter(store, max_pending_bytes=1 << 20, on_done=lambda *a: seen.append(a))
+    w.submit_chunk(C0, make_payload(10, 0), provenance="p")
+    w.close()
+    assert seen == [(C0, True, "")]
+    assert w.drain_finished() == []
+    with pytest.raises(RuntimeError, match="closed"):
+        w.submit_chunk(C1, make_payload(10, 1), provenance="p")
+
+
+def test_superseded_checkpoint_is_cancelled_before_it_starts(gated):
+    w = StoreWriter(gated, max_pending_bytes=1 << 20)
+    w.submit_chunk(C0, make_payload(100, 0), provenance="p")  # blocks the writer
+    assert gated.started.wait(5)
+    w.submit_checkpoint(A, make_payload(100, "A"), position=528, chunk_keys=[C0], provenance="p")
+    w.submit_checkpoint(
+        B, make_payload(100, "B"), position=1056, chunk_keys=[C0], provenance="p", supersedes=[A]
+    )
+    assert w.pending_bytes == 200
+    gated.gate.set()
+    assert w.flush(timeout=10)
+    assert outcomes(w) == [(A, False, "superseded"), (C0, True, ""), (B, True, "")]
+    assert not gated.has_checkpoint(A) and gated.has_checkpoint(B)
+    w.close()
+
+
+def test_resubmitted_key_replaces_the_queued_one(gated):
+    w = StoreWriter(gated, max_pending_bytes=1 << 20)
+    w.submit_chunk(C0, make_payload(100, 0), provenance="p")
+    assert gated.started.wait(5)
+    w.submit_checkpoint(A, make_payload(100, "old"), position=528, chunk_keys=[C0], provenance="p")
+    w.submit_checkpoint(A, make_payload(100, "new"), position=528, chunk_keys=[C0], provenance="p")
+    gated.gate.set()
+    w.close()
+    assert [ok for _, ok, _ in outcomes(w)] == [False, True, True]
+    np.testing.assert_array_equal(read_checkpoint(gated, A, 100), make_payload(100, "new"))
+
+
+def test_duplicate_chunk_rides_on_the_queued_write(gated):
+    w = StoreWriter(gated, max_pending_bytes=1 << 20)
+    w.submit_chunk(C0, make_payload(100, 0), provenance="p")
+    assert gated.started.wait(5)
+    w.submit_chunk(C1, make_payload(100, 1), provenance="p")
+    w.submit_chunk(C1, make_payload(100, 1), provenance="p")
+    assert w.pending_bytes == 200
+    gated.gate.set()
+    w.close()
+    assert outcomes(w) == [(C0, True, ""), (C1, True, ""), (C1, True, "")]
+
+
+def test_drop_policy_rejects_newest_when_full(gated):
+    w = StoreWriter(gated, max_pending_bytes=1000)
+    assert w.submit_chunk(C0, make_payload(600, 0), provenance="p")  # in flight, counted
+    assert gated.started.wait(5)
+    assert w.submit_chunk(C1, make_payload(400, 1), provenance="p")  # exactly full
+    assert not w.submit_chunk(C2, make_payload(1, 2), provenance="p")
+    assert not w.submit_checkpoint(
+        A, make_payload(10, "A"), position=1, chunk_keys=[C2], provenance="p"
+    )
+    assert outcomes(w) == [(C2, False, "queue full"), (A, False, "queue full")]
+    gated.gate.set()
+    assert w.flush(timeout=10)
+    assert [ok for _, ok, _ in outcomes(w)] == [True, True]
+    # Room again; but a checkpoint over a chunk this writer dropped is never published.
+    assert w.submit_checkpoint(
+        A, make_payload(10, "A"), position=1, chunk_keys=[C2], provenance="p"
+    )
+    w.close()
+    [(key, ok, reason)] = outcomes(w)
+    assert key == A and not ok and "not written" in reason
+    assert w.stats["rejected"] == 2
+
+
+def test_oversize_item_accepted_only_into_an_empty_queue(gated):
+    w = StoreWriter(gated, max_pending_bytes=100)
+    assert w.submit_chunk(C0, make_payload(500, 0), provenance="p")
+    assert gated.started.wait(5)
+    assert not w.submit_chunk(C1, make_payload(500, 1), provenance="p")
+    gated.gate.set()
+    w.close()
+
+
+def test_superseding_never_loses_both(gated):
+    """A supersede that does not fit keeps the old checkpoint queued."""
+    w = StoreWriter(gated, max_pending_bytes=300)
+    w.submit_chunk(C0, make_payload(100, 0), provenance="p")
+    assert gated.started.wait(5)
+    w.submit_checkpoint(A, make_payload(100, "A"), position=1, chunk_keys=[C0], provenance="p")
+    assert not w.submit_checkpoint(
+        B, make_payload(250, "B"), position=2, chunk_keys=[C0], provenance="p", supersedes=[A]
+    )
+    gated.gate.set()
+    w.close()
+    assert gated.has_checkpoint(A) and not gated.has_checkpoint(B)
+
+
+def test_close_without_drain_cancels_queued_writes(gated):
+    w = StoreWriter(gated, max_pending_bytes=1 << 20)
+    w.submit_chunk(C0, make_payload(100, 0), provenance="p")
+    assert gated.started.wait(5)
+    w.submit_chunk(C1, make_payload(100, 1), provenance="p")
+    threading.Timer(0.1, gated.gate.set).start()
+    w.close(drain=False)
+    assert outcomes(w) == [(C1, False, "writer closed"), (C0, True, "")]
+
+
+def test_enqueue_p99_under_1ms_while_64mib_states_are_written(tmp_path):
+    store = SSDStore(tmp_path, IDENTITY, budget_bytes=1 << 40)
+    state = np.random.default_rng(0).integers(0, 256, 64 << 20, dtype=np.uint8)
+    chunk = make_payload(256 << 10, "chunk")
+    w = StoreWriter(store, max_pending_bytes=1 << 30)
+    lat = []
+    for i in range(6):
+        for j in range(40):  # an engine step per iteration: submit, then compute
+            k = make_key(f"lat-c{i}-{j}")
+            t = time.perf_counter()
+            w.submit_chunk(k, chunk, provenance="p")
+            lat.append(time.perf_counter() - t)
+            time.sleep(0.0005)
+        t = time.perf_counter()
+        w.submit_checkpoint(
+            make_key(f"lat-s{i}", 1), state, position=i, chunk_keys=[k], provenance="p"
+        )
+        lat.append(time.perf_counter() - t)
+    assert w.flush(timeout=120)
+    assert all(c.ok for c in w.drain_finished())
+    w.close()
+    lat.sort()
+    p99, worst = lat[int(len(lat) * 0.99)], lat[-1]
+    print(
+        f"enqueue p50 {lat[len(lat) // 2] * 1e6:.0f} us, p99 {p99 * 1e6:.0f} us, "
+        f"max {worst * 1e6:.0f} us over {len(lat)} submits"
+    )
+    assert p99 < 1e-3
