@@ -214,7 +214,10 @@ class HiStateConnector(OffloadingConnector):
         offloading = build_offloading_config(vllm_config, kv_cache_config)
         # Multi-turn continuations reuse decoded tokens too.
         offloading = dataclasses.replace(offloading, extra_config={"offload_prompt_only": False})
-        spec = HiStateSpec(offloading, histate, layout, store_identity(vllm_config, layout))
+        spec = HiStateSpec(
+            offloading, histate, layout, store_identity(vllm_config, layout),
+            max_model_len=vllm_config.model_config.max_model_len,
+        )
         self._canonical_layout = offloading.canonical_layout
         self.connector_scheduler = None
         self.connector_worker = None

@@ -58,6 +58,7 @@ class HiStateManager(OffloadingManager):
         layout: CacheLayout,
         config: HiStateConfig,
         tokens_per_hash: int,
+        max_model_len: int,
         store=None,
         enable_events: bool = False,
     ):
@@ -75,7 +76,7 @@ class HiStateManager(OffloadingManager):
         self._free_slots = list(range(self.num_slots - 1, -1, -1))
         budgets = {Tier.DRAM: self.num_slots * layout.key_bytes}
         if store is not None:
-            budgets[Tier.SSD] = config.ssd_bytes
+            budgets[Tier.SSD] = self._ssd_payload_budget(config.ssd_bytes, max_model_len)
         self.policy = make_policy(
             config.policy,
             budgets=budgets,
@@ -93,6 +94,17 @@ class HiStateManager(OffloadingManager):
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         if store is not None:
             self._load_store_index()
+
+    def _ssd_payload_budget(self, ssd_bytes: int, max_model_len: int) -> int:
+        """The policy counts payload bytes; the disk also holds a header per file, a
+        manifest per checkpoint (up to one reference per KV chunk of a full context) and
+        the identity file. Scale the budget so the worst case still fits in ssd_bytes."""
+        from histate_vllm.store import HEADER_BYTES
+
+        max_refs = max_model_len // self.layout.block_tokens * len(self.layout.kv_group_ids)
+        per_key = HEADER_BYTES + 256 + 80 * max_refs
+        usable = max(ssd_bytes - (64 << 10), 0)
+        return usable * self.layout.key_bytes // (self.layout.key_bytes + per_key)
 
     # --- start-up ---
 
@@ -381,6 +393,7 @@ class HiStateManager(OffloadingManager):
         gone: list[OffloadKey] = []
         for key, tier in evict:
             entry = self._entries.get(key)
+            logger.debug("HiState: evict %s from %s (%s)", key.hex()[:12] + "/" + str(get_offload_group_idx(OffloadKey(key))), tier.name, entry)
             if entry is None:
                 continue
             if tier == Tier.DRAM:

@@ -21,6 +21,7 @@ class HiStateSpec(OffloadingSpec):
         histate: HiStateConfig,
         layout: CacheLayout,
         identity: StoreIdentity,
+        max_model_len: int,
     ):
         super().__init__(config)
         if self.blocks_per_chunk != 1:
@@ -28,6 +29,7 @@ class HiStateSpec(OffloadingSpec):
         self.histate = histate
         self.layout = layout
         self.identity = identity
+        self.max_model_len = max_model_len
         self._manager = None
         self._worker = None
 
@@ -50,6 +52,7 @@ class HiStateSpec(OffloadingSpec):
                 self.layout,
                 self.histate,
                 tokens_per_hash=self.tokens_per_hash,
+                max_model_len=self.max_model_len,
                 store=self.open_store(),
                 enable_events=self.kv_events_config.enable_kv_cache_events,
             )

@@ -27,7 +27,14 @@ from vllm.v1.kv_offload.base import (
 )
 
 from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec, SSDWrite
-from histate_vllm.store import CorruptEntry, MissingEntry, SSDStore, StoreError, StoreWriter
+from histate_vllm.store import (
+    CorruptEntry,
+    MissingEntry,
+    SSDStore,
+    StoreError,
+    StoreWriter,
+    aligned_buffer,
+)
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
@@ -52,10 +59,13 @@ class HiStateWorker(OffloadingWorker):
             assert offset <= key_bytes, f"group needs {offset} bytes per key, slot has {key_bytes}"
             self._groups.append(views)
         device = kv_caches.tensors[0].tensor.device if kv_caches.tensors else torch.device("cpu")
-        # The pool is allocated lazily by the OS (empty pages cost nothing until written).
-        self.dram = torch.empty(
-            (num_slots, key_bytes), dtype=torch.int8, pin_memory=device.type == "cuda"
-        )
+        # Pages of the pool cost nothing until first written. Page-aligned rows (on CPU)
+        # let the store write them with O_DIRECT, without a staging copy.
+        if device.type == "cuda":
+            self.dram = torch.empty((num_slots, key_bytes), dtype=torch.int8, pin_memory=True)
+        else:
+            pool = aligned_buffer(num_slots * key_bytes).view(np.int8)
+            self.dram = torch.from_numpy(pool.reshape(num_slots, key_bytes))
         self._dram_np = self.dram.numpy()
         self.key_bytes = key_bytes
         self.store = store
@@ -135,7 +145,9 @@ class HiStateWorker(OffloadingWorker):
                 if slot >= 0:
                     self._staging[0] = self._dram_np[slot]
                 elif src.is_state[i]:
-                    self.store.read_checkpoint(key, self._staging[0])
+                    # The KV before it is restored by this same job, each chunk verified by
+                    # its own read, from whichever tier holds it.
+                    self.store.read_checkpoint(key, self._staging[0], verify_chunks=False)
                 else:
                     self.store.read_chunk(key, self._staging[0])
                 self._copy_to_blocks(views, [block_id], staged)

@@ -1,0 +1,48 @@
+"""kv_connector_extra_config validation: a bad key or value stops start-up with a clear message."""
+
+import pytest
+
+from histate_vllm.config import ConfigError, HiStateConfig
+
+
+def test_minimal_and_full():
+    assert HiStateConfig.from_extra_config({"dram_bytes": 1 << 20}).ssd_dir is None
+    cfg = HiStateConfig.from_extra_config(
+        {"dram_bytes": "1048576", "ssd_dir": "/tmp/x", "ssd_bytes": 10, "policy": "lru",
+         "interval": 512}
+    )
+    assert (cfg.dram_bytes, cfg.ssd_bytes, cfg.policy, cfg.interval) == (1 << 20, 10, "lru", 512)
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        ({"dram_bytes": 1, "ssd_dri": "/x"}, "'ssd_dri'"),
+        ({}, "needs 'dram_bytes'"),
+        ({"dram_bytes": 0}, "'dram_bytes' must be > 0"),
+        ({"dram_bytes": "lots"}, "'dram_bytes' must be an integer"),
+        ({"dram_bytes": True}, "'dram_bytes' must be an integer"),
+        ({"dram_bytes": 1, "policy": "fifo"}, "['histate', 'lru']"),
+        ({"dram_bytes": 1, "interval": "often"}, "'interval' must be"),
+        ({"dram_bytes": 1, "interval": -5}, "'interval' must be"),
+        ({"dram_bytes": 1, "ssd_dir": "/tmp/x"}, "'ssd_bytes' must be a positive"),
+        ({"dram_bytes": 1, "ssd_bytes": 5}, "'ssd_dir' is not"),
+        ({"dram_bytes": 1, "ssd_dir": ""}, "'ssd_dir' must be a directory"),
+    ],
+)
+def test_errors_name_the_key(extra, needle):
+    with pytest.raises(ConfigError) as err:
+        HiStateConfig.from_extra_config(extra)
+    assert needle in str(err.value)
+
+
+def test_unknown_key_lists_accepted_keys():
+    with pytest.raises(ConfigError, match="accepted keys are .*dram_bytes.*ssd_dir"):
+        HiStateConfig.from_extra_config({"dram_bytes": 1, "cpu_bytes_to_use": 5})
+
+
+def test_ssd_dir_that_is_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_dir": str(f), "ssd_bytes": 1})
