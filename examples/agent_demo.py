@@ -120,7 +120,7 @@ def print_table(runs, base, hist) -> None:
                 f"{h['num_cached_tokens']} ({h['num_cached_tokens'] / n:.0%})", f"{h['ttft']:.2f}s",
                 f"{b['ttft'] / max(h['ttft'], 1e-9):.1f}x",
             )
-    Console().print(table)
+    Console(width=max(Console().width, 110)).print(table)
     flood = [r for part in runs for r in part if not r["shown"]]
     print(f"({len(flood)} other sessions of {flood[0]['prompt'].__len__() if flood else 0} "
           "tokens flood the 64-block GPU cache between turns)")

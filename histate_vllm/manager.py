@@ -220,7 +220,7 @@ class HiStateManager(OffloadingManager):
                 "HiState: %s offers %s, admitted %d", req_context.req_id,
                 [(i.kind.name, i.position) for i in items.values()], len(accepted),
             )
-            if accepted:
+            if admission is not None:  # evictions stand even when nothing was accepted
                 evicted = self._apply_evictions(admission.evict)
             assert len(accepted) <= len(self._free_slots), "policy overcommitted DRAM"
             for key in accepted:
@@ -310,9 +310,10 @@ class HiStateManager(OffloadingManager):
                              "not on SSD", item.position)
                 continue
             admission = self.policy.admit([item], Tier.SSD)
+            if admission is not None:
+                self._apply_evictions(admission.evict)
             if admission is None or item.key not in admission.accepted:
                 continue
-            self._apply_evictions(admission.evict)
             entry.ssd_pending = True
             self.policy.pin([item.key])  # the DRAM copy is the source of the SSD write
             writes.append(SSDWrite(key=item.key, slot=entry.slot,

@@ -137,7 +137,7 @@ class HiStateWorker(OffloadingWorker):
         vLLM recomputes the request and zeroes the blocks it had allocated for the load."""
         t0 = time.perf_counter()
         if self._staging is None:
-            self._staging = np.empty((1, self.key_bytes), dtype=np.int8)
+            self._staging = aligned_buffer(self.key_bytes).view(np.int8).reshape(1, -1)
         staged = torch.from_numpy(self._staging)
         for views, block_ids, keys in self._blocks_by_group(dst):
             for block_id, i in zip(block_ids, range(keys.start, keys.stop)):
