@@ -1,0 +1,337 @@
+"""The write side of HiStatePolicy: admission, commits, losses, budget changes, restart.
+
+A mixin over the state `HiStatePolicy.__init__` sets up (index, evictor, budgets, plans, log).
+Every copy goes pending -> resident -> forgotten through `_forget`; an entry with no copy left
+leaves the index, which updates liveness, bundles and the committed-KV flags (index.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import events as ev
+from .index import MANAGED, TIER_BIT, Entry, Node
+from .types import Admission, Item, Kind, Tier, key_group
+
+_DRAM, _SSD = TIER_BIT[Tier.DRAM], TIER_BIT[Tier.SSD]
+_KV, _STATE = Kind.KV, Kind.STATE
+_TIERS = ((Tier.DRAM, _DRAM), (Tier.SSD, _SSD))
+_NAME = {t: t.name for t in Tier}
+
+
+def _by_position(it: Item) -> int:
+    return it.position
+
+
+def _rollback_order(x: tuple[Entry, Item, bool]) -> tuple[int, int]:
+    return (x[1].position, x[1].kind)
+
+
+
+class Residency:
+    def _set_resident(self, e: Entry, bit: int) -> None:
+        if not e.resident:
+            n = e.node
+            if e.kind is _KV:
+                n.rkv += 1
+                if n.rkv >= self.index.nkv and not n.kok:
+                    self.index.update_kok(n)
+            else:
+                n.rst += 1
+        e.resident |= bit
+        self.epoch += 1
+
+    def _res_changed(self, e: Entry) -> None:
+        n = e.node
+        dirty = self.ev.dirty
+        if e.kind is _STATE:
+            dirty[n] = None
+        else:
+            b = n.bundle
+            if b is not None:
+                dirty[b] = None
+            elif not n.st and not n.live_children:
+                dirty[n] = None  # orphan unit
+        self.ev.edirty[e] = None
+
+    def _forget(self, e: Entry, tier: Tier, lifetime: float | None = None) -> None:
+        """Drop one copy (resident or pending); drop the entry when no copy is left."""
+        bit = TIER_BIT[tier]
+        r = e.resident
+        if r & bit:
+            e.resident = r = r & ~bit
+            self.epoch += 1
+            if not r:
+                n = e.node
+                if e.kind is _KV:
+                    n.rkv -= 1
+                    if n.kok and n.rkv < self.index.nkv:
+                        self.index.update_kok(n)
+                else:
+                    n.rst -= 1
+        elif e.pending & bit:
+            e.pending &= ~bit
+        else:
+            return
+        self.used[tier] -= e.nbytes
+        if r or e.pending:
+            self._res_changed(e)
+            return
+        if lifetime is not None:  # the time of a policy eviction: feeds T_kv / T_state
+            self.interval.observe_residence(e.kind is _STATE, lifetime - e.born)
+        self.index.drop(e)
+
+    # -- admission -----------------------------------------------------------------------------
+    def admit(self, items: Sequence[Item], tier: Tier) -> Admission | None:
+        if tier not in TIER_BIT:
+            raise ValueError(f"tier {tier!r} is not managed; managed: {list(MANAGED)}")
+        bit = TIER_BIT[tier]
+        now = self.clock()
+        kvs: list[Item] = []
+        sts: list[Item] = []
+        entries = self.index.entries
+        budget = self.budgets[tier]
+        seen: set[bytes] = set()
+        for it in items:
+            key = it.key
+            if key in seen:
+                continue
+            seen.add(key)
+            e = entries.get(key)
+            if e is not None:
+                prefix = self._prefix(it.identity) if it.identity else self._dprefix
+                if e.node.nid != prefix + it.node:
+                    self._emit(ev.REJECT, it, tier, "key already held for another node/identity",
+                               it.request_id)
+                elif not (e.resident | e.pending) & bit:
+                    (kvs if it.kind is _KV else sts).append(it)
+                continue
+            if it.nbytes > budget:
+                self._emit(ev.REJECT, it, tier, f"larger than the {tier.name} budget",
+                           it.request_id)
+                continue
+            if it.kind is _KV:
+                kvs.append(it)
+                continue
+            if not it.terminal:
+                plan = self.plans.get(it.request_id)
+                if plan is not None and it.position not in plan:
+                    self._emit(ev.REJECT, it, tier, f"position {it.position} is not in the "
+                               f"capture plan {sorted(plan)}", it.request_id)
+                    continue
+            sts.append(it)
+        if len(kvs) > 1:
+            kvs.sort(key=_by_position)
+        if len(sts) > 1:
+            sts.sort(key=_by_position)
+        kvs.extend(sts)
+        done: list[tuple[Entry, Item, bool]] = []
+        used = self.used
+        add = self.index.add
+        pins = self._pins
+        groups = self._groups
+        for it in kvs:
+            key = it.key
+            e = entries.get(key)
+            new = e is None
+            if new:
+                group = int.from_bytes(key[-4:], "big")
+                if it.kind is _STATE:
+                    missing = self._state_path_missing(it)
+                    if missing is not None:
+                        self._emit(ev.REJECT, it, tier, "KV chunks before it are missing "
+                                   f"(first gap at position {missing})", it.request_id)
+                        continue
+                if group not in groups[it.kind]:
+                    self._learn_group(it.kind, group)
+                e = add(it, self._prefix(it.identity) if it.identity else self._dprefix, group)
+                if pins:
+                    e.pins = pins.get(key, 0)
+                e.born = now
+                n = e.node
+                if n.t_last < now:
+                    n.t_last = now
+                if it.request_id and not n.req and it.kind is _KV:
+                    n.req = it.request_id
+            e.pending |= bit
+            used[tier] += e.nbytes
+            if not new:  # `add` already marked what a new entry changes
+                self._res_changed(e)
+            done.append((e, it, new))
+        out = Admission()
+        if used[tier] > budget:
+            self._make_room(tier, out.evict)
+            if used[tier] > budget:
+                # Roll back deepest first (a state before the KV of its own block).
+                done.sort(key=_rollback_order)
+                while done and used[tier] > budget:
+                    e, it, _ = done.pop()
+                    self._forget(e, tier)
+                    self._emit(ev.REJECT, it, tier, f"no room in {_NAME[tier]}", it.request_id)
+        accepted = out.accepted
+        emit = self._emit
+        for e, it, new in done:
+            accepted.append(e.key)
+            emit(ev.ADMIT, it, tier, "new" if new else "copy", it.request_id)
+            if new and e.kind is _STATE:
+                self._observe_sizes(e.node)
+        if not accepted and not out.evict:
+            return None
+        return out
+
+    def _state_path_missing(self, it: Item) -> int | None:
+        nkv = self.index.nkv
+        node = self.index.nodes.get(self._prefix(it.identity or None) + it.node)
+        if node is None:
+            return it.position if nkv else None
+        if not nkv:
+            return None
+        gap = self.index.path_kv_missing(node, nkv)
+        return None if gap is None else gap.position
+
+    def _observe_sizes(self, n: Node) -> None:
+        # Sizes are fixed per model: the first 64 checkpoints, then one in 64, are plenty.
+        self._n_obs += 1
+        if self._n_obs > 64 and self._n_obs % 64:
+            return
+        if len(n.st) == len(self._groups[_STATE]):
+            self.interval.observe_checkpoint(sum(e.nbytes for e in n.st.values()))
+        if n.kv and len(n.kv) == len(self._groups[_KV]):
+            self.interval.observe_kv_chunk(sum(e.nbytes for e in n.kv.values()))
+
+    def _make_room(self, tier: Tier, out: list[tuple[bytes, Tier]]) -> None:
+        """Demote, then evict GDS units, until `tier` fits its budget or nothing can go."""
+        budget = self.budgets[tier]
+        if self.used[tier] <= budget:
+            return
+        aside_u: list = []
+        aside_c: list = []
+        other = Tier.SSD if tier == Tier.DRAM else Tier.DRAM
+        while self.used[tier] > budget:
+            self._flush()
+            e = self.ev.next_copy(tier, aside_c)
+            if e is not None:
+                self._emit(ev.DEMOTE, e, tier, f"{tier.name} full; a copy stays in {other.name}")
+                out.append((e.key, tier))
+                self._forget(e, tier)
+                continue
+            r = self.ev.next_unit(tier, aside_u)
+            if r is None:
+                break
+            self._evict_unit(r[0], r[1], tier, out, r[2])
+        self.ev.put_back(tier, aside_u, aside_c)
+
+    def _evict_unit(self, n: Node, h: float, tier: Tier, out: list[tuple[bytes, Tier]],
+                    entries: list[Entry]) -> None:
+        if n.st:
+            what = "leaf bundle" if n.live_children == 0 else "checkpoint"
+        else:
+            what = "orphan KV"
+        reason = f"GDS {what} for {_NAME[tier]}: H={h:.3f} C={n.cost:.1f} t_last={n.t_last:.3f}"
+        forget = self._forget
+        log = self.log
+        emit = log.emit if log.enabled else None
+        now = self.clock()
+        for e in entries:
+            for t, bit in _TIERS:
+                if e.resident & bit:
+                    if emit is not None:
+                        m = e.node
+                        emit(ev.EVICT, e.key, m.hash, t, e.kind, m.position, reason, "", None, h)
+                    out.append((e.key, t))
+                    forget(e, t, now)
+
+    def committed(self, key: bytes, tier: Tier, ok: bool) -> None:
+        e = self.index.entries.get(key)
+        bit = TIER_BIT.get(tier, 0)
+        if e is None or not e.pending & bit:
+            return
+        if ok:
+            e.pending &= ~bit
+            self._set_resident(e, bit)
+            e.touch = self._tick()
+            self._res_changed(e)
+        else:
+            self._emit(ev.FAIL, e, tier, "write failed")
+            self._lose(e, tier, "a write of it failed")
+
+    def _lose(self, e: Entry, tier: Tier, why: str) -> None:
+        """An external loss; a KV chunk's last copy takes the checkpoints below it along."""
+        node = e.node
+        self._forget(e, tier)
+        if e.kind != Kind.KV or e.present() or not node.live:
+            return
+        stack = [node]
+        doomed: list[Node] = []
+        while stack:
+            x = stack.pop()
+            if x.st:
+                doomed.append(x)
+            stack.extend(c for c in x.children.values() if c.live)
+        for x in doomed:
+            for s in list(x.st.values()):
+                for t in MANAGED:
+                    if (s.resident | s.pending) & TIER_BIT[t]:
+                        self._emit(ev.REMOVE, s, t, f"KV chunk at {node.position} lost ({why})")
+                        self._drops[t].append(s.key)
+                        self._forget(s, t)
+
+    def restore_resident(self, items, tier, last_access=None, now=None) -> list[bytes]:
+        """Start-up: re-add committed copies (see PolicyCore.restore_resident).
+
+        Data from before a restart ranks at least one GDS time scale older than anything
+        touched since: t_last = clock() - tau - (now - last_access), where `last_access` may
+        be in any clock (file mtimes) and `now` is that clock's present (default: the newest
+        of them). Without `last_access` every item gets clock() - tau.
+        """
+        bit = TIER_BIT[tier]
+        order = list(range(len(items)))
+        base = self.clock() - self.ev.tau
+        if last_access is not None:
+            order.sort(key=lambda i: last_access[i])
+            ref = max(last_access, default=0.0) if now is None else now
+        own: dict[Node, None] = {}
+        for i in order:
+            it = items[i]
+            t = base - max(ref - last_access[i], 0.0) if last_access is not None else base
+            e = self.index.entries.get(it.key)
+            if e is None:
+                group = key_group(it.key)
+                self._learn_group(it.kind, group)
+                e = self.index.add(it, self._prefix(it.identity or None), group)
+                e.pins = self._pins.get(it.key, 0)
+                e.born = t
+            elif (e.resident | e.pending) & bit:
+                continue
+            self._set_resident(e, bit)
+            e.touch = self._tick()
+            e.node.t_last = max(e.node.t_last, t)
+            self.used[tier] += e.nbytes
+            self._res_changed(e)
+            if e.kind == Kind.STATE:
+                own[e.node] = None
+            self._emit(ev.RESTORE, e, tier)
+        dropped: list[bytes] = []
+        nkv = len(self._groups[Kind.KV])
+        for n in sorted(own, key=lambda n: n.position):
+            if nkv and n.st and self.index.path_kv_missing(n, nkv) is not None:
+                for s in list(n.st.values()):
+                    for t in MANAGED:
+                        if s.resident & TIER_BIT[t]:
+                            self._emit(ev.REMOVE, s, t, "restored without its KV chunks")
+                            (dropped if t == tier else self._drops[t]).append(s.key)
+                            self._forget(s, t)
+            else:
+                self._observe_sizes(n)
+        out: list[tuple[bytes, Tier]] = []
+        self._make_room(tier, out)
+        for k, t in out:
+            (dropped if t == tier else self._drops[t]).append(k)
+        return dropped
+
+    def set_budget(self, tier: Tier, nbytes: int) -> list[tuple[bytes, Tier]]:
+        """Change a tier's budget; returns the copies the manager must drop to fit it."""
+        self.budgets[tier] = int(nbytes)
+        out: list[tuple[bytes, Tier]] = []
+        self._make_room(tier, out)
+        return out

@@ -1,0 +1,368 @@
+"""HiStatePolicy: the facade the connector's manager and the simulator drive.
+
+Wires the prefix index (index.py), capture planner (planner.py + interval.py), unified GDS
+eviction (eviction.py), asymmetric placement (placement.py) and the event log (events.py)
+behind the `PolicyCore` contract (base.py); the write side (admission, commits, losses,
+restart) is in admission.py. Costs per call: a lookup binary-searches the prompt's committed-KV
+prefix and walks up to the nearest checkpoint; admissions, commits and evictions touch only
+the nodes whose status changes plus O(log n) heap operations; nothing scans the cache.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+from . import events as ev
+from .admission import Residency
+from .base import PolicyCore
+from .events import Event, EventLog
+from .eviction import Evictor
+from .index import MANAGED, TIER_BIT, Entry, Node, PrefixIndex
+from .interval import Ema
+from .lookup import lookup
+from .placement import keep_copy
+from .planner import CapturePlanner
+from .types import Hit, Item, Kind, Tier
+
+_DRAM, _SSD = TIER_BIT[Tier.DRAM], TIER_BIT[Tier.SSD]
+_DRAM_T, _SSD_T = Tier.DRAM, Tier.SSD
+_BOTH = _DRAM | _SSD
+_KV, _STATE = Kind.KV, Kind.STATE
+MAX_OPEN_PLANS = 65536
+
+
+def _fastest(mask: int) -> Tier:
+    return Tier.DRAM if mask & _DRAM else Tier.SSD
+
+
+class HiStatePolicy(Residency, PolicyCore):
+    def __init__(
+        self,
+        budgets: dict[Tier, int],
+        planner: CapturePlanner,
+        clock,
+        identity: bytes = b"",
+        *,
+        tau: float = 120.0,
+        terminal_alpha: float = 0.05,
+        terminal_reuse: float | None = None,
+        kv_groups: Sequence[int] | None = None,
+        state_groups: Sequence[int] | None = None,
+        kv_bytes_per_token: float | None = None,
+    ):
+        self.budgets = {t: int(budgets.get(t, 0)) for t in MANAGED}
+        self.planner = planner
+        self.interval = planner.model
+        self.clock = clock
+        self.identity = identity
+        self.log = EventLog(clock)
+        self.ev = Evictor(None, tau)  # type: ignore[arg-type]
+        self.index = PrefixIndex(planner.block_tokens, self.ev.dirty)
+        self.ev.index = self.index
+        self._dprefix = self._prefix(None)
+        self.used = {t: 0 for t in MANAGED}
+        self._pins: dict[bytes, int] = {}
+        self._gpu: set[bytes] = set()
+        self._fixed_groups = kv_groups is not None or state_groups is not None
+        self._groups: dict[Kind, set[int]] = {
+            Kind.KV: set(kv_groups or ()),
+            Kind.STATE: set(state_groups or ()),
+        }
+        self._sorted_groups = (sorted(self._groups[Kind.KV]), sorted(self._groups[Kind.STATE]))
+        self.index.nkv = len(self._groups[Kind.KV])
+        self.terminal_fixed = terminal_reuse
+        self.terminal_ema = Ema(terminal_alpha, 0.5)
+        self.token_bytes = kv_bytes_per_token
+        self.plans: OrderedDict[str, set[int]] = OrderedDict()
+        self._seq = 0
+        self._n_obs = 0
+        self._drops: dict[Tier, list[bytes]] = {t: [] for t in MANAGED}
+        self._inner: dict[Node, None] = {}  # checkpoints that stopped being leaves
+        self.epoch = 0  # bumped by every change of committed residency (lookup cache)
+        self._last_lookup: tuple | None = None
+
+    # -- small helpers -----------------------------------------------------------------------
+    def _prefix(self, identity: bytes | None) -> bytes:
+        ident = self.identity if identity is None else identity
+        return bytes([len(ident)]) + ident if ident else b""
+
+    def _tick(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    @property
+    def q(self) -> float:
+        if self.terminal_fixed is not None:
+            return self.terminal_fixed
+        return self.terminal_ema.value
+
+    def _learn_group(self, kind: Kind, group: int) -> None:
+        gs = self._groups[kind]
+        if group not in gs and not self._fixed_groups:
+            gs.add(group)
+            self._sorted_groups = (sorted(self._groups[Kind.KV]), sorted(self._groups[Kind.STATE]))
+            if kind is _KV:
+                self.index.nkv = len(gs)
+                self.index.recompute_kok()
+                self.epoch += 1
+
+    def _flush(self) -> None:
+        ev_ = self.ev
+        ev_.q = self.q
+        if self.token_bytes is None:
+            # Frozen at the first observation: scores must not move without a re-push.
+            kvt = self.interval.kv_bytes_per_token.value
+            if kvt:
+                self.token_bytes = kvt
+                for n in self.index.nodes.values():  # once, while the cache is nearly empty
+                    ev_.mark(n)
+            ev_.token_bytes = kvt or 1.0
+        else:
+            ev_.token_bytes = self.token_bytes
+        inner = self._inner
+        for n in ev_.dirty:
+            if n.st and n.live_children:
+                inner[n] = None
+        if len(inner) > len(self.index.nodes) + 1024:  # nobody asks for demotions: trim
+            self._inner = {n: None for n in inner if not n.gone and n.st and n.live_children}
+        ev_.flush()
+
+    def _emit(self, op: str, e: Entry | Item, tier: Tier | None, reason: str = "",
+              request_id: str = "", score: float | None = None) -> None:
+        log = self.log
+        if not log.enabled:
+            return
+        if type(e) is Entry:
+            n = e.node
+            log.emit(op, e.key, n.hash, tier, e.kind, n.position, reason, request_id,
+                     None, score)
+        else:
+            log.emit(op, e.key, e.node, tier, e.kind, e.position, reason, request_id,
+                     None, score)
+
+    # -- residency -----------------------------------------------------------------------------
+    def where(self, key: bytes) -> frozenset[Tier]:
+        e = self.index.entries.get(key)
+        out = []
+        if key in self._gpu:
+            out.append(Tier.GPU)
+        if e is not None:
+            if e.resident & _DRAM:
+                out.append(Tier.DRAM)
+            if e.resident & _SSD:
+                out.append(Tier.SSD)
+        return frozenset(out)
+
+    def usage(self, tier: Tier) -> int:
+        return self.used.get(tier, 0)
+
+    def observe_gpu(self, keys: Iterable[bytes], resident: bool) -> None:
+        if resident:
+            self._gpu.update(keys)
+        else:
+            self._gpu.difference_update(keys)
+        self.epoch += 1
+
+    # -- placement -----------------------------------------------------------------------------
+    def keep(self, key: bytes, tier: Tier) -> bool:
+        """If False, the copy in `tier` is already forgotten here: the manager drops it."""
+        e = self.index.entries.get(key)
+        if e is None:
+            return False
+        bit = TIER_BIT.get(tier, 0)
+        if not e.resident & bit or not e.resident & ~bit:
+            return True
+        if keep_copy(e, tier):
+            return True
+        if e.pins or e.pending:
+            self._inner[e.node] = None  # `demotions` asks again once it is free
+            return True
+        self._emit(ev.DEMOTE, e, tier, "historical checkpoint: its home is SSD")
+        self._forget(e, tier)
+        return False
+
+    def demotions(self, tier: Tier) -> list[bytes]:
+        out, self._drops[tier] = self._drops.get(tier, []), []
+        if tier != Tier.DRAM:
+            return out
+        self._flush()
+        retry: dict[Node, None] = {}
+        for n in self._inner:
+            if n.gone or not n.st or not n.live_children:
+                continue
+            for e in list(n.st.values()):
+                if not (e.resident & _DRAM and e.resident & _SSD):
+                    continue
+                if e.pins or e.pending:
+                    retry[n] = None
+                    continue
+                self._emit(ev.DEMOTE, e, tier, "no longer terminal: its home is SSD")
+                self._forget(e, tier)
+                out.append(e.key)
+        self._inner = retry
+        return out
+
+    # -- access --------------------------------------------------------------------------------
+    def pin(self, keys: Iterable[bytes]) -> None:
+        for k in keys:
+            self._pins[k] = self._pins.get(k, 0) + 1
+            e = self.index.entries.get(k)
+            if e is not None:
+                e.pins += 1
+
+    def unpin(self, keys: Iterable[bytes]) -> None:
+        for k in keys:
+            c = self._pins.get(k, 0)
+            if c <= 0:
+                continue
+            if c == 1:
+                del self._pins[k]
+            else:
+                self._pins[k] = c - 1
+            e = self.index.entries.get(k)
+            if e is not None and e.pins > 0:
+                e.pins -= 1
+
+    def hit(self, keys: Iterable[bytes]) -> None:
+        """Refresh-all: the deepest hit checkpoint and every checkpoint above it get t_last =
+        now; the hit keys become most recently touched (stage-1 order); the terminal-reuse
+        EMA q learns whether the hit landed on a leaf (terminal) checkpoint."""
+        now = self.clock()
+        deepest: Node | None = None
+        deepest_state: Node | None = None
+        entries = self.index.entries
+        tick = self._tick()
+        edirty = self.ev.edirty
+        for k in keys:
+            e = entries.get(k)
+            if e is None:
+                continue
+            e.touch = tick
+            if e.resident == _BOTH:  # only copies held twice have a stage-1 (LRU) entry
+                edirty[e] = None
+            n = e.node
+            if e.kind is _STATE:
+                if deepest_state is None or n.position > deepest_state.position:
+                    deepest_state = n
+            elif deepest is None or n.position > deepest.position:
+                deepest = n
+        top = deepest_state or deepest
+        if top is None:
+            return
+        if deepest_state is not None:
+            self.terminal_ema.update(1.0 if deepest_state.live_children == 0 else 0.0)
+        x: Node | None = top
+        while x is not None:  # refresh-all along the matched path
+            if x.st or x is top:
+                x.t_last = now  # H only grows: the heap catches up lazily (eviction.py)
+            x = x.parent
+        self.log.emit(ev.HIT, node=top.hash, position=top.position)
+
+    def remove(self, key: bytes, tier: Tier, reason: str) -> None:
+        e = self.index.entries.get(key)
+        if e is None or not (e.resident | e.pending) & TIER_BIT.get(tier, 0):
+            return
+        self._emit(ev.REMOVE, e, tier, reason)
+        self._lose(e, tier, reason)
+
+    # -- lookup and planning -------------------------------------------------------------------
+    def restorable(self, block_hashes, kv_groups=None, state_groups=None, identity=None) -> Hit:
+        # The last chained hash fingerprints the whole prompt: cache one answer per epoch
+        # (the manager looks up, then plans, with nothing changing in between).
+        key = (self.epoch, len(block_hashes), block_hashes[-1] if block_hashes else b"",
+               identity, None if kv_groups is None else tuple(kv_groups),
+               None if state_groups is None else tuple(state_groups))
+        last = self._last_lookup
+        if last is not None and last[0] == key:
+            return last[1]
+        hit = self._restorable(block_hashes, kv_groups, state_groups, identity)
+        self._last_lookup = (key, hit)
+        return hit
+
+    def _restorable(self, block_hashes, kv_groups, state_groups, identity) -> Hit:
+        kvg = self._sorted_groups[0] if kv_groups is None else list(kv_groups)
+        stg = self._sorted_groups[1] if state_groups is None else list(state_groups)
+        prefix = self._prefix(identity)
+        if self._gpu or kv_groups is not None or state_groups is not None or not kvg:
+            known = bool(stg) or state_groups is not None or self._fixed_groups
+            return lookup(block_hashes, self.planner.block_tokens, kvg, stg,
+                          lambda k: self._present(prefix, k), states_known=known)
+        # Groups not configured and no state seen yet: a hybrid model's hit needs a state we
+        # cannot name, so report the shared prefix only. (Attention-only: state_groups=[].)
+        nst = len(stg) if (stg or self._fixed_groups) else 1 << 30
+        get = self.index.nodes.get
+        # Shared prefix: `kok` is monotone along the prompt, so binary search it.
+        lo, hi = 0, len(block_hashes)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            n = get(prefix + block_hashes[mid] if prefix else block_hashes[mid])
+            if n is not None and n.kok:
+                lo = mid + 1
+            else:
+                hi = mid
+        shared = best = lo
+        # Deepest complete checkpoint at or above it (the nearest one, walking up).
+        x = get(prefix + block_hashes[lo - 1] if prefix else block_hashes[lo - 1]) if lo else None
+        while x is not None and x.rst < nst:
+            x = x.parent
+            best -= 1
+        if x is None:
+            best = 0
+        bt = self.planner.block_tokens
+        return Hit(position=best * bt, shared=shared * bt, hashes=tuple(block_hashes[:best]),
+                   kv_suffixes=[g.to_bytes(4, "big") for g in kvg],
+                   state_suffixes=[g.to_bytes(4, "big") for g in stg],
+                   block_tokens=bt, fastest=self._fastest_tier)
+
+    def _fastest_tier(self, key: bytes) -> Tier | None:
+        e = self.index.entries.get(key)
+        if e is None or not e.resident:
+            return None
+        return _DRAM_T if e.resident & _DRAM else _SSD_T
+
+    def _present(self, prefix: bytes, key: bytes) -> Tier | None:
+        if key in self._gpu:
+            return Tier.GPU
+        e = self.index.entries.get(key)
+        if e is None or not e.resident or not e.node.nid.startswith(prefix):
+            return None
+        return _fastest(e.resident)
+
+    def plan_captures(self, request_id, block_hashes, num_prompt_tokens, hit_tokens,
+                      identity=None) -> list[int]:
+        hit = self.restorable(block_hashes, identity=identity)
+        plan = self.planner.plan(num_prompt_tokens, hit_tokens, hit.position, hit.shared)
+        positions = [p for p in plan.positions if p != hit.position]
+        plans = self.plans
+        plans[request_id] = set(positions)
+        self.ev.protected_reqs.add(request_id)
+        if len(plans) > MAX_OPEN_PLANS:  # request_finished never came for the oldest
+            old, _ = plans.popitem(last=False)
+            self.ev.protected_reqs.discard(old)
+        bt = self.planner.block_tokens
+        if hit.shared > hit.position and hit.shared // bt <= len(block_hashes):
+            self.log.emit(ev.MISS, node=block_hashes[hit.shared // bt - 1], position=hit.shared,
+                          request_id=request_id,
+                          reason=f"KV shared to {hit.shared} but deepest checkpoint at "
+                                 f"{hit.position}")
+        self.log.emit(ev.PLAN, request_id=request_id, positions=positions, position=hit.position,
+                      reason=plan.reason)
+        return positions
+
+    def request_finished(self, request_id: str) -> None:
+        self.plans.pop(request_id, None)
+        self.ev.protected_reqs.discard(request_id)
+
+    def drain_events(self) -> list[Event]:
+        return self.log.drain()
+
+    def explain(self, block_hashes, position) -> str:
+        from .explain import explain
+
+        return explain(self, block_hashes, position)
+
+    def check_invariants(self) -> None:
+        from .checks import check_histate
+
+        check_histate(self)

@@ -1,0 +1,261 @@
+"""Unified GreedyDual-Size eviction (HiState §3.3) over the prefix index, per tier.
+
+Units (derived from index.py's tree): each non-leaf checkpoint alone (its state keys); each
+leaf checkpoint with its seg (the last KV segment nobody else uses) as one bundle; each orphan
+node's KV (used by no checkpoint). A checkpoint with >= 2 checkpoint children (a branch point)
+is no candidate: it outlives its leaves.
+
+Score H = t_last + tau·C/M, lowest evicted first, ties by node id:
+  leaf at x, nearest checkpoint above at a:          C = q·(x - a)
+  inner at x, above at a, checkpoint child at y:     C = (1-q)·(x - a)·(y - x)/y
+  orphan:                                            C = 0
+q = EMA of how often a hit lands on a leaf (terminal) checkpoint (a unit's C uses the q of its
+last re-score: "affected costs are updated after eviction"); M = bytes of the unit committed
+in the tier, in KV-token equivalents. A hit refreshes t_last of the matched checkpoint and
+every checkpoint above it (refresh-all). A unit with a pinned or pending key is skipped, as
+is an orphan of a request whose capture plan is still open; evicting a unit deletes its
+copies in every tier (the KV it frees is used by no other checkpoint).
+
+Before any unit is deleted, "demote before delete" (stage 1) drops DRAM copies that SSD
+also holds, in placement order (placement.py), least recently touched first.
+
+Scores are recomputed lazily: mutations of structure or residency mark nodes dirty, `flush`
+recomputes their C, seg and M and pushes fresh heap entries; a heap entry is valid only if its
+version matches the node's. A hit only raises t_last (H only grows), so it pushes nothing: a
+popped entry whose H is below the node's current H is re-queued with the current H, and the
+first popped entry that is current is the true minimum.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from .index import MANAGED, TIER_BIT, Entry, Node, PrefixIndex
+from .placement import stage1_rank
+
+_BOTH = TIER_BIT[MANAGED[0]] | TIER_BIT[MANAGED[1]]
+
+
+def cost_leaf(q: float, x: int, a: int) -> float:
+    return q * (x - a)
+
+
+def cost_inner(q: float, x: int, a: int, y: int) -> float:
+    return (1.0 - q) * (x - a) * (y - x) / y
+
+
+def score(t_last: float, tau: float, cost: float, nbytes: int, token_bytes: float) -> float:
+    return t_last + tau * cost / (nbytes / token_bytes)
+
+
+def unit_entries(n: Node) -> list[Entry]:
+    if n.st:
+        out = list(n.st.values())
+        if n.live_children == 0:
+            for m in n.seg:
+                out.extend(m.kv.values())
+        return out
+    return list(n.kv.values())
+
+
+def unit_bytes(entries: list[Entry], bit: int) -> int:
+    return sum(e.nbytes for e in entries if e.resident & bit)
+
+
+class Evictor:
+    def __init__(self, index: PrefixIndex, tau: float):
+        self.index = index
+        self.tau = tau
+        self.q = 0.5  # set by the core from its terminal-reuse EMA before each flush
+        self.token_bytes = 1.0  # bytes of one token of KV (all groups), set by the core
+        self.dirty: dict[Node, None] = {}
+        self.edirty: dict[Entry, None] = {}
+        self.heaps: dict[int, list] = {t: [] for t in MANAGED}
+        self.sheaps: dict[int, list] = {t: [] for t in MANAGED}
+        self.protected_reqs: set[str] = set()
+        self.n_units = 0  # nodes whose cost is not None (heap entries beyond 2x are garbage)
+        # Versions come from one counter, so no two heap entries ever compare equal (a node
+        # pruned and re-created under the same id must not meet its old entries).
+        self._ver = itertools.count(1)
+
+    def mark(self, n: Node) -> None:
+        """Structure or residency of n's unit changed: recompute C, seg and M."""
+        self.dirty[n] = None
+
+
+    def mark_entry(self, e: Entry) -> None:
+        self.edirty[e] = None
+
+    # -- re-scoring ---------------------------------------------------------------------------
+    def _set_seg(self, n: Node, seg: list[Node]) -> None:
+        old = n.seg
+        if old == seg or (not old and not seg):
+            return
+        for m in old:
+            if m.bundle is n:
+                m.bundle = None
+        n.seg = seg
+        for m in seg:
+            m.bundle = n
+
+    def unit_cost(self, n: Node) -> float | None:
+        """C of the unit anchored at n (None: no unit / not a candidate). Updates seg."""
+        if n.gone:
+            self._set_seg(n, ())
+            return None
+        if n.st:
+            if n.live_children == 0:
+                # One walk up: the seg, then on to the nearest checkpoint above.
+                seg = [n]
+                x = n.parent
+                while x is not None and not x.st and x.live_children == 1:
+                    seg.append(x)
+                    x = x.parent
+                while x is not None and not x.st:
+                    x = x.parent
+                self._set_seg(n, seg)
+                return cost_leaf(self.q, n.position, x.position if x is not None else 0)
+            if n.seg:
+                self._set_seg(n, ())
+            # Its single checkpoint child, unless the live chain below forks first (then n
+            # is a branch point: no candidate, it outlives its leaves).
+            x = n
+            while True:
+                if x.live_children != 1:
+                    return None
+                for c in x.children.values():
+                    if c.st or c.live_children:
+                        x = c
+                        break
+                if x.st:
+                    break
+            a = self.index.cp_parent(n)
+            pa = a.position if a is not None else 0
+            return cost_inner(self.q, n.position, pa, x.position)
+        if n.seg:
+            self._set_seg(n, ())
+        if n.live_children == 0 and n.kv:
+            return 0.0
+        return None
+
+    def flush(self) -> None:
+        heaps, tau, tb = self.heaps, self.tau, self.token_bytes
+        hd, hs = heaps[MANAGED[0]], heaps[MANAGED[1]]
+        td, ts = MANAGED
+        bd, bs = TIER_BIT[td], TIER_BIT[ts]
+        ver = self._ver
+        edirty = self.edirty
+        push = heapq.heappush
+        while self.dirty:
+            nodes = list(self.dirty)
+            self.dirty.clear()
+            for n in nodes:
+                c = self.unit_cost(n)
+                old = n.cost
+                if c is None and old is None:
+                    continue  # had no unit and has none: no heap entry to invalidate
+                if (old is None) != (c is None):
+                    self.n_units += 1 if old is None else -1
+                n.cost = c
+                hv, mb = n.hver, n.mb
+                hv[td] = vd = next(ver)
+                hv[ts] = vs = next(ver)
+                if c is None:
+                    mb[td] = mb[ts] = 0
+                else:
+                    md = ms = 0
+                    for e in unit_entries(n):
+                        r = e.resident
+                        if r & bd:
+                            md += e.nbytes
+                        if r & bs:
+                            ms += e.nbytes
+                    mb[td], mb[ts] = md, ms
+                    if md:
+                        push(hd, (n.t_last + tau * c / (md / tb), n.nid, vd, n))
+                    if ms:
+                        push(hs, (n.t_last + tau * c / (ms / tb), n.nid, vs, n))
+                for e in n.st.values():
+                    edirty[e] = None
+        if edirty:
+            entries = self.index.entries
+            for e in edirty:
+                if e.resident != _BOTH:  # one tier only: no stage-1 entry (stale ones fail)
+                    continue
+                live = entries.get(e.key) is e
+                for t in MANAGED:
+                    e.sver[t] = v = next(ver)
+                    if not live:
+                        continue
+                    rank = stage1_rank(e, t)
+                    if rank is not None:
+                        push(self.sheaps[t], (rank, e.touch, e.key, v, e))
+            edirty.clear()
+        lim_n = 2 * self.n_units + 1024
+        lim_e = 2 * len(self.index.entries) + 1024
+        sh = self.sheaps
+        if (len(hd) > lim_n or len(hs) > lim_n or len(sh[td]) > lim_e or len(sh[ts]) > lim_e):
+            for t in MANAGED:
+                self._compact(t)
+
+    def _compact(self, t: int) -> None:
+        h = self.heaps[t]
+        if len(h) > 2 * self.n_units + 1024:
+            self.heaps[t] = [x for x in h if x[3].hver[t] == x[2]]
+            heapq.heapify(self.heaps[t])
+        s = self.sheaps[t]
+        if len(s) > 2 * len(self.index.entries) + 1024:
+            self.sheaps[t] = [x for x in s if x[4].sver[t] == x[3]]
+            heapq.heapify(self.sheaps[t])
+
+    # -- candidates ---------------------------------------------------------------------------
+    def next_copy(self, t: int, aside: list) -> Entry | None:
+        """Stage 1: the next droppable copy in tier t that another tier also holds."""
+        heap = self.sheaps[t]
+        bit = TIER_BIT[t]
+        entries = self.index.entries
+        while heap:
+            top = heapq.heappop(heap)
+            e = top[4]
+            if top[3] != e.sver[t] or entries.get(e.key) is not e:
+                continue
+            if not (e.resident & bit) or not (e.resident & ~bit):
+                continue
+            if e.pins or e.pending:
+                aside.append(top)
+                continue
+            return e
+        return None
+
+    def next_unit(self, t: int, aside: list) -> tuple[Node, float, list[Entry]] | None:
+        """Stage 2: the evictable unit with the lowest H that has bytes in tier t."""
+        heap = self.heaps[t]
+        pop = heapq.heappop
+        tau, tb, protected = self.tau, self.token_bytes, self.protected_reqs
+        while heap:
+            top = pop(heap)
+            n = top[3]
+            if top[2] != n.hver[t] or n.gone:
+                continue
+            if not n.st and n.req and n.req in protected:
+                aside.append(top)
+                continue
+            h = n.t_last + tau * n.cost / (n.mb[t] / tb)  # = score(...), inlined
+            if h > top[0]:  # refreshed by a hit since it was pushed: re-queue, keep looking
+                heapq.heappush(heap, (h, top[1], top[2], n))
+                continue
+            entries = unit_entries(n)
+            for e in entries:
+                if e.pins or e.pending:
+                    aside.append(top)
+                    break
+            else:
+                return n, h, entries
+        return None
+
+    def put_back(self, t: int, aside_units: list, aside_copies: list) -> None:
+        for x in aside_units:
+            heapq.heappush(self.heaps[t], x)
+        for x in aside_copies:
+            heapq.heappush(self.sheaps[t], x)

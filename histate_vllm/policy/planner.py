@@ -1,0 +1,80 @@
+"""Capture planning: where one request should leave checkpoints (design.md §2).
+
+Always: the prompt end (vLLM keeps the last prompt token for sampling, so the last full block
+boundary before it), the point where reused history ended when no managed checkpoint sits
+there, and a learned boundary (Gufo): the end of the longest cached prefix when it reaches
+>= `learn_min_tokens` past the deepest restorable checkpoint. Intermediate: every I* tokens of
+the new segment [start, prompt end), I* from `IntervalModel`, at most `max_intermediate` of
+them (thinned evenly). Every position is a multiple of the block size and > the resume point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .interval import IntervalModel
+
+PROMPT_END = "prompt_end"
+REUSED_END = "reused_end"
+LEARNED = "learned"
+INTERVAL = "interval"
+
+
+@dataclass(slots=True)
+class Plan:
+    positions: list[int] = field(default_factory=list)
+    labels: dict[int, str] = field(default_factory=dict)
+    interval: int = 0
+    reason: str = ""
+
+
+class CapturePlanner:
+    def __init__(self, block_tokens: int, model: IntervalModel, learn_min_tokens: int = 512,
+                 max_intermediate: int = 16):
+        assert block_tokens > 0
+        self.block_tokens = block_tokens
+        self.model = model
+        self.learn_min_tokens = learn_min_tokens
+        self.max_intermediate = max_intermediate
+
+    def prompt_end(self, num_prompt_tokens: int) -> int:
+        bt = self.block_tokens
+        return max(0, (num_prompt_tokens - 1) // bt * bt)
+
+    def plan(self, num_prompt_tokens: int, hit_tokens: int, restorable: int, shared: int) -> Plan:
+        """`restorable`/`shared` come from the prefix index (`Hit.position` / `Hit.shared`)."""
+        bt = self.block_tokens
+        end = self.prompt_end(num_prompt_tokens)
+        start = hit_tokens // bt * bt
+        labels: dict[int, str] = {}
+        notes: list[str] = []
+        if end > start:
+            labels[end] = PROMPT_END
+        else:
+            notes.append(f"prompt end {end} not past the resume point {start}")
+        if start > 0 and start != restorable and start <= end:
+            labels.setdefault(start, REUSED_END)
+        learned = min(shared // bt * bt, end)
+        if shared - restorable >= self.learn_min_tokens and learned > start:
+            labels.setdefault(learned, LEARNED)
+        elif shared > restorable:
+            notes.append(
+                f"shared prefix {shared} is {shared - restorable} < {self.learn_min_tokens} "
+                f"tokens past restorable {restorable}: no learned boundary"
+            )
+        interval = 0
+        length = end - start
+        if length > bt:
+            interval = self.model.choose(length)
+            points = list(range(start + interval, end, interval))
+            if len(points) > self.max_intermediate:
+                step = len(points) / self.max_intermediate
+                points = [points[int(i * step)] for i in range(self.max_intermediate)]
+                notes.append(f"intermediate points capped at {self.max_intermediate}")
+            for p in points:
+                labels.setdefault(p, INTERVAL)
+        positions = sorted(labels)
+        reason = f"segment [{start},{end}) interval {interval}"
+        if notes:
+            reason += "; " + "; ".join(notes)
+        return Plan(positions, labels, interval, reason)

@@ -1,0 +1,102 @@
+import math
+
+import pytest
+from _helpers import Clock, FakeManager, chain, kv_item, st_item
+
+from histate_vllm.policy import IntervalModel, Tier, make_policy
+from histate_vllm.policy.interval import recompute_cost
+from histate_vllm.policy.planner import LEARNED, CapturePlanner
+
+BT = 256
+
+
+def test_recompute_cost_matches_the_sum():
+    for length in (1, 7, 256, 1000, 4096):
+        for interval in (1, 3, 256, 1024, 5000):
+            direct = sum(t % interval for t in range(length)) / length
+            assert recompute_cost(length, interval) == pytest.approx(direct)
+
+
+def test_interval_is_the_discrete_minimum_near_the_continuous_one():
+    m = IntervalModel(BT)
+    m.observe_kv_chunk(BT * 32 * 1024)  # 32 KiB per token
+    m.observe_checkpoint(int(51.5e6))  # Qwen3.5-9B: ~1,570 token equivalents
+    assert m.ns_tokens == pytest.approx(51.5e6 / (32 * 1024))
+    for length in (4096, 32768, 131072):
+        got = m.choose(length)
+        assert got % BT == 0
+        ns, pr = round(m.ns_tokens), round(m.pressure, 3)
+
+        def cost(i):
+            return pr * length / i * ns + recompute_cost(length, i)
+
+        best = min(range(BT, length + BT, BT), key=cost)
+        assert cost(got) == pytest.approx(cost(best))
+        assert abs(got - math.sqrt(2 * length * m.ns_tokens)) <= 0.25 * got
+
+
+def test_pressure_moves_the_interval():
+    m = IntervalModel(BT)
+    base = m.choose(65536)
+    for _ in range(50):
+        m.observe_residence(False, 100.0)  # KV stays long
+        m.observe_residence(True, 10.0)  # checkpoints vanish fast -> sparser
+    assert m.pressure > 1 and m.choose(65536) > base
+    m2 = IntervalModel(BT)
+    for _ in range(50):
+        m2.observe_residence(False, 10.0)
+        m2.observe_residence(True, 100.0)
+    assert m2.choose(65536) < base
+
+
+def test_fixed_interval_and_cap():
+    p = CapturePlanner(BT, IntervalModel(BT, fixed=1000), max_intermediate=4)
+    plan = p.plan(num_prompt_tokens=20 * 768 + 1, hit_tokens=0, restorable=0, shared=0)
+    assert plan.interval == 768  # rounded down to blocks
+    assert plan.positions[-1] == 20 * 768
+    assert len(plan.positions) == 4 + 1 and "capped" in plan.reason
+    assert all(x % BT == 0 for x in plan.positions)
+
+
+def test_prompt_end_keeps_the_last_token():
+    p = CapturePlanner(BT, IntervalModel(BT, fixed=10 * BT))
+    assert p.plan(4 * BT, 0, 0, 0).positions == [3 * BT]
+    assert p.plan(4 * BT + 1, 0, 0, 0).positions == [4 * BT]
+    assert p.plan(4 * BT + 1, 4 * BT, 4 * BT, 4 * BT).positions == []
+
+
+def test_learned_boundary_needs_512_tokens_past_the_restore_point():
+    p = CapturePlanner(BT, IntervalModel(BT, fixed=100 * BT))
+    plan = p.plan(40 * BT, hit_tokens=16 * BT, restorable=16 * BT, shared=18 * BT)
+    assert plan.labels.get(18 * BT) == LEARNED
+    plan = p.plan(40 * BT, hit_tokens=16 * BT, restorable=16 * BT, shared=17 * BT)
+    assert 17 * BT not in plan.positions and "no learned boundary" in plan.reason
+
+
+def test_gufo_edit_example():
+    """Gufo fig. 3: 8,192-token history, checkpoints every 2,048; an edit at token 7,001
+    restores 6,144 (the deepest checkpoint before the edit) and learns the divergence point."""
+    clock = Clock()
+    core = make_policy("histate", budgets={Tier.DRAM: 1 << 30, Tier.SSD: 1 << 30},
+                       block_tokens=BT, interval=2048, clock=clock)
+    mgr = FakeManager(core)
+    tokens = list(range(8193))
+    hashes = chain([tuple(tokens[i:i + BT]) for i in range(0, 8192, BT)])
+    plan = core.plan_captures("A", hashes, len(tokens), 0)
+    assert plan == [2048, 4096, 6144, 8192]
+    items = [kv_item(hashes, i, BT, 1000, req="A") for i in range(len(hashes))]
+    items += [st_item(hashes, p // BT - 1, BT, 4000, req="A", terminal=p == 8192) for p in plan]
+    assert len(mgr.admit(items, Tier.DRAM)) == len(items)
+    mgr.commit(Tier.DRAM)
+    core.request_finished("A")
+
+    edited = tokens[:7000] + [-1] + tokens[7001:]
+    ehashes = chain([tuple(edited[i:i + BT]) for i in range(0, 8192, BT)])
+    hit = core.restorable(ehashes)
+    assert hit.position == 6144
+    assert hit.shared == 7000 // BT * BT  # 6,912: KV still matches up to the edited block
+    assert len(hit.kv_keys) == 6144 // BT and len(hit.state_keys) == 1
+    plan = core.plan_captures("B", ehashes, len(edited), hit.position)
+    assert 6912 in plan and plan[-1] == 8192  # learned boundary + prompt end
+    text = core.explain(ehashes, 8192)
+    assert "deepest restorable position now: 6144" in text
