@@ -1,0 +1,70 @@
+"""CLI smoke tests: simulate on two Weka files, synth, plot."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from trace_replay.cli import main
+
+TRACES = Path(
+    os.environ.get("HISTATE_TRACES")
+    or Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+)
+WEKA = TRACES / "weka"
+FILES = [WEKA / "trace_0288.json", WEKA / "trace_0504.json"]
+
+pytestmark = pytest.mark.skipif(not all(f.exists() for f in FILES), reason="no Weka traces")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "out.json"
+    rc = main(["simulate", *map(str, FILES), "--format", "weka", "--policies",
+               "histate,vllm-marconi,unlimited", "--json", str(out), "--no-progress",
+               "--jobs", "1"])
+    assert rc == 0
+    return out, json.loads(out.read_text())
+
+
+def test_simulate_writes_the_required_fields(report):
+    _, rep = report
+    assert rep["policies"] == ["histate", "vllm-marconi", "unlimited"]
+    for name in rep["policies"]:
+        m = rep[name]
+        for key in ("ttft_p50", "ttft_p95", "ttft_p99", "hit_rate", "recovery"):
+            assert key in m, (name, key)
+        assert 0 < m["ttft_p50"] <= m["ttft_p95"] <= m["ttft_p99"]
+        assert 0 <= m["hit_rate"] <= 1
+    s = rep["settings"]
+    for key in ("model", "device", "gpu_bytes", "dram_bytes", "ssd_bytes", "block_tokens",
+                "concurrency", "seed", "ramp", "command"):
+        assert key in s
+    assert rep["unlimited"]["hit_rate"] >= rep["histate"]["hit_rate"]
+    assert rep["references"] == ["vllm-disk"]  # run to define the reuse-sensitive set
+    assert rep["workload"]["requests"] == len(rep["per_request"]["input_tokens"])
+
+
+def test_plot_draws_from_the_report(report, tmp_path):
+    path, _ = report
+    assert main(["plot", str(path), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "fig8_tail_speedup.png").stat().st_size > 0
+
+
+def test_synth_then_simulate_the_saved_workload(tmp_path, capsys):
+    wl = tmp_path / "mb.workload"
+    assert main(["synth", "mutation:p=0.5,n_sessions=2,turns=3,new_tokens=2048",
+                 "--out", str(wl)]) == 0
+    out = tmp_path / "mb.json"
+    assert main(["simulate", str(wl), "--policies", "vllm-disk,histate", "--json", str(out),
+                 "--no-progress", "--jobs", "1"]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["workload"]["name"] == "mutation-p0.5"
+    assert rep["settings"]["ramp"] == 0.0  # synthetic workloads stagger themselves
+    assert "vllm-disk" in capsys.readouterr().out
+
+
+def test_simulate_rejects_unknown_policies():
+    with pytest.raises(SystemExit):
+        main(["simulate", "--synth", "append", "--policies", "histate,magic"])

@@ -1,0 +1,44 @@
+"""Metric definitions: percentiles, hit rate, reuse-sensitive requests, recovery."""
+
+import numpy as np
+import pytest
+
+from trace_replay.metrics import hit_rate, percentiles, recovery, reuse_sensitive, summarize
+
+
+def test_percentiles():
+    t = np.arange(1, 101, dtype=float)
+    p = percentiles(t)
+    assert p["ttft_p50"] == pytest.approx(50.5)
+    assert p["ttft_p99"] == pytest.approx(99.01)
+    assert p["ttft_mean"] == pytest.approx(50.5)
+
+
+def test_hit_rate_is_token_weighted():
+    assert hit_rate(np.array([900, 0]), np.array([1000, 9000])) == pytest.approx(0.09)
+
+
+def test_reuse_sensitive_and_recovery():
+    inp = np.array([1000, 1000, 1000, 1000])
+    unl = np.array([1000, 1000, 500, 0])
+    disk = np.array([1000, 0, 500, 0])  # request 1: disk 100 points below Unlimited
+    hs = np.array([1000, 800, 400, 0])  # request 2: histate 10 points below disk
+    m = reuse_sensitive(inp, unl, disk, hs)
+    assert m.tolist() == [False, True, True, False]
+    assert recovery(hs, unl, m) == pytest.approx((800 + 400) / (1000 + 500))
+    assert recovery(disk, unl, m) == pytest.approx(500 / 1500)
+    # Exactly 5 points counts.
+    assert reuse_sensitive(np.array([1000]), np.array([1000]), np.array([950]),
+                           np.array([950])).tolist() == [True]
+    assert reuse_sensitive(np.array([1000]), np.array([1000]), np.array([960]),
+                           np.array([960])).tolist() == [False]
+
+
+def test_a_kv_match_without_a_state_is_a_miss():
+    # The simulator records the resume point as the hit; a policy with KV cached but no
+    # state reports 0 there, so the hit rate only counts restorable tokens.
+    s = summarize(np.array([1.0, 2.0]), np.array([0, 0]), np.array([1000, 1000]),
+                  np.array(["append", "mutation"], dtype=object), None, None)
+    assert s["hit_rate"] == 0.0
+    assert s["mutation_count"] == 1 and s["mutation_ttft_mean"] == 2.0
+    assert np.isnan(s["recovery"])

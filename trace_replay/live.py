@@ -1,0 +1,182 @@
+"""Replay a workload against a running OpenAI-compatible server (vLLM) on this machine.
+
+Prompts are token ids: each full block's tokens are a pure function of its chained block id
+(so requests that share a prefix in the trace send identical prefixes), the partial tail's a
+function of the request. Prompts are cut to `max_input_tokens` (a prefix, so sharing
+survives). Each session is a closed loop (next turn `think_time * time_scale` after the
+previous response); at most `concurrency` sessions run at once, in workload order.
+
+Per request: TTFT = send to the first streamed choice; cached tokens from the final usage
+chunk's `prompt_tokens_details.cached_tokens` (vLLM: `--enable-prompt-tokens-details`).
+Bounded by `max_requests` and `max_time`; only loopback URLs are accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import time
+from dataclasses import asdict, dataclass
+from urllib.parse import urlparse
+
+import numpy as np
+
+from .hashing import mix64_array, namespace_seed
+from .model import Request, Workload
+
+MIN_TOKEN = 2  # keep clear of the lowest (special) ids
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    url: str = "http://127.0.0.1:8000"
+    model: str | None = None
+    concurrency: int = 4
+    max_requests: int = 50
+    max_time: float = 600.0
+    time_scale: float = 0.0
+    max_input_tokens: int = 7680
+    max_output_tokens: int = 16
+    vocab: int = 2000
+    request_timeout: float = 300.0
+
+
+def check_loopback(url: str) -> None:
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        pass
+    raise ValueError(f"live replay only talks to this machine; {url!r} is not a loopback URL")
+
+
+def prompt_tokens(req: Request, block_size: int, cfg: LiveConfig) -> list[int]:
+    n = max(1, min(req.input_tokens, cfg.max_input_tokens))
+    span = np.uint64(max(1, cfg.vocab - MIN_TOKEN))
+    offs = np.arange(block_size, dtype=np.uint64)
+    parts = []
+    ids = req.block_hashes.tolist()
+    full = min(n // block_size, len(ids))
+    for bid in ids[:full]:
+        parts.append(mix64_array(int(bid), offs).astype(np.uint64) % span)
+    rest = n - full * block_size
+    if rest:
+        # Inside a full block of the trace the block's own tokens (a cut prompt stays a
+        # prefix); past the last full block, tokens of this request only.
+        seed = ids[full] if full < len(ids) else namespace_seed("live-tail", req.session_id,
+                                                                   req.index)
+        parts.append(mix64_array(int(seed), offs[:rest]).astype(np.uint64) % span)
+    return (np.concatenate(parts).astype(np.int64) + MIN_TOKEN).tolist()
+
+
+async def _first_model(client, url: str) -> str:
+    r = await client.get(f"{url}/v1/models")
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
+async def _complete(client, url: str, model: str, tokens: list[int], max_tokens: int,
+                    timeout: float) -> dict:
+    body = {"model": model, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    t0 = time.perf_counter()
+    ttft = None
+    usage = None
+    async with client.stream("POST", f"{url}/v1/completions", json=body,
+                             timeout=timeout) as resp:
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            raise RuntimeError(f"HTTP {resp.status_code}: {text[:300]}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if ttft is None and chunk.get("choices"):
+                ttft = time.perf_counter() - t0
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    latency = time.perf_counter() - t0
+    details = (usage or {}).get("prompt_tokens_details") or {}
+    return {"ttft": ttft if ttft is not None else latency, "latency": latency,
+            "prompt_tokens": (usage or {}).get("prompt_tokens", len(tokens)),
+            "cached_tokens": details.get("cached_tokens"),
+            "completion_tokens": (usage or {}).get("completion_tokens")}
+
+
+async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict], str, float]:
+    import httpx
+
+    url = cfg.url.rstrip("/")
+    records: list[dict] = []
+    budget = [cfg.max_requests]
+    t_start = time.perf_counter()
+    deadline = t_start + cfg.max_time
+    sessions = [s for s in workload.sessions if s.requests]
+    limits = httpx.Limits(max_connections=max(4, cfg.concurrency * 2))
+    async with httpx.AsyncClient(limits=limits, timeout=cfg.request_timeout) as client:
+        model = cfg.model or await _first_model(client, url)
+        gate = asyncio.Semaphore(max(1, cfg.concurrency))
+
+        async def run_session(s) -> None:
+            async with gate:
+                for k, req in enumerate(s.requests):
+                    if k and cfg.time_scale > 0:
+                        await asyncio.sleep(req.think_time * cfg.time_scale)
+                    if budget[0] <= 0 or time.perf_counter() >= deadline:
+                        return
+                    budget[0] -= 1
+                    tokens = prompt_tokens(req, workload.block_size, cfg)
+                    rec = {"session": s.id, "index": k, "label": req.label,
+                           "sent": time.perf_counter() - t_start, "input_tokens": len(tokens)}
+                    left = max(1.0, min(cfg.request_timeout, deadline - time.perf_counter()))
+                    try:
+                        rec.update(await _complete(
+                            client, url, model, tokens,
+                            max(1, min(req.output_tokens, cfg.max_output_tokens)), left))
+                        rec["ok"] = True
+                    except Exception as exc:  # noqa: BLE001 - recorded, never fatal
+                        rec.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+                    records.append(rec)
+                    if bar is not None:
+                        bar.update(1)
+
+        await asyncio.gather(*(run_session(s) for s in sessions))
+    return records, model, time.perf_counter() - t_start
+
+
+def summarize(records: list[dict]) -> dict:
+    ok = [r for r in records if r.get("ok")]
+    ttft = np.array([r["ttft"] for r in ok]) if ok else np.array([np.nan])
+    prompt = sum(r["prompt_tokens"] for r in ok)
+    cached = sum(r["cached_tokens"] or 0 for r in ok)
+    p50, p95, p99 = np.percentile(ttft, [50, 95, 99])
+    return {"completed": len(ok), "failed": len(records) - len(ok),
+            "ttft_p50": float(p50), "ttft_p95": float(p95), "ttft_p99": float(p99),
+            "ttft_mean": float(np.mean(ttft)), "prompt_tokens": int(prompt),
+            "cached_tokens": int(cached), "hit_rate": cached / prompt if prompt else 0.0,
+            "cached_tokens_reported": any(r.get("cached_tokens") is not None for r in ok)}
+
+
+def replay_live(workload: Workload, cfg: LiveConfig, progress: bool = False) -> dict:
+    check_loopback(cfg.url)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        total = min(cfg.max_requests, workload.n_requests)
+        bar = tqdm(total=total, unit="req", desc="live", leave=False)
+    try:
+        records, model, wall = asyncio.run(_replay(workload, cfg, bar))
+    finally:
+        if bar is not None:
+            bar.close()
+    return {"settings": {**asdict(cfg), "model": model, "workload": workload.name,
+                         "wall_s": round(wall, 2)},
+            "summary": summarize(records), "requests": records}

@@ -1,0 +1,70 @@
+"""Metric definitions (HiState paper §4.1-4.2).
+
+* TTFT percentiles over all requests (arrival to first token, queueing and restore included).
+* Token hit rate: tokens reused without recomputation / input tokens. A KV match without a
+  state at its end is not reuse: a policy's `hit` is its resume point, which always has one.
+* Reuse-sensitive requests: vLLM-Disk's hit rate is >= 5 points below Unlimited's, or HiState's
+  and vLLM-Disk's differ by >= 5 points (per-request hit rate = hit / input tokens).
+* Recovery of policy X: sum of X's reused tokens over the reuse-sensitive requests / sum of
+  Unlimited's reused tokens over the same requests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SENSITIVITY = 0.05
+REFERENCES = ("unlimited", "vllm-disk", "histate")
+
+
+def percentiles(ttft: np.ndarray) -> dict[str, float]:
+    if len(ttft) == 0:
+        return {"ttft_p50": float("nan"), "ttft_p95": float("nan"), "ttft_p99": float("nan"),
+                "ttft_mean": float("nan")}
+    p50, p95, p99 = np.percentile(ttft, [50, 95, 99])
+    return {"ttft_p50": float(p50), "ttft_p95": float(p95), "ttft_p99": float(p99),
+            "ttft_mean": float(np.mean(ttft))}
+
+
+def hit_rate(hit: np.ndarray, input_tokens: np.ndarray) -> float:
+    total = int(np.sum(input_tokens))
+    return float(np.sum(hit) / total) if total else 0.0
+
+
+def per_request_rate(hit: np.ndarray, input_tokens: np.ndarray) -> np.ndarray:
+    return np.divide(hit, input_tokens, out=np.zeros(len(hit)), where=input_tokens > 0)
+
+
+def reuse_sensitive(input_tokens: np.ndarray, unlimited: np.ndarray, disk: np.ndarray,
+                    histate: np.ndarray, threshold: float = SENSITIVITY) -> np.ndarray:
+    """Boolean mask of the reuse-sensitive requests (hits are token counts)."""
+    u = per_request_rate(unlimited, input_tokens)
+    d = per_request_rate(disk, input_tokens)
+    h = per_request_rate(histate, input_tokens)
+    eps = 1e-9
+    return (d <= u - threshold + eps) | (np.abs(h - d) >= threshold - eps)
+
+
+def recovery(hit: np.ndarray, unlimited: np.ndarray, mask: np.ndarray) -> float:
+    ref = int(np.sum(unlimited[mask]))
+    return float(np.sum(hit[mask]) / ref) if ref else float("nan")
+
+
+def summarize(ttft: np.ndarray, hit: np.ndarray, input_tokens: np.ndarray,
+              labels: np.ndarray, unlimited: np.ndarray | None,
+              mask: np.ndarray | None) -> dict:
+    out = percentiles(ttft)
+    out["hit_rate"] = hit_rate(hit, input_tokens)
+    if unlimited is not None and mask is not None and mask.any():
+        out["recovery"] = recovery(hit, unlimited, mask)
+        out["sensitive_ttft_mean"] = float(np.mean(ttft[mask]))
+        out["sensitive_hit_rate_mean"] = float(np.mean(per_request_rate(hit, input_tokens)[mask]))
+    else:
+        out["recovery"] = float("nan")
+    for label in sorted(set(labels.tolist()) - {""}):
+        m = labels == label
+        if label in ("mutation", "rewind", "truncate", "compact"):
+            out[f"{label}_ttft_mean"] = float(np.mean(ttft[m]))
+            out[f"{label}_hit_rate"] = hit_rate(hit[m], input_tokens[m])
+            out[f"{label}_count"] = int(m.sum())
+    return out

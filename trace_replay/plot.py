@@ -1,0 +1,180 @@
+"""Charts in the style of the HiState paper's Figures 8-11, from `simulate --json` reports.
+
+* Fig. 8: p95/p99 TTFT speedup over vllm-marconi, one group per report (workload).
+* Fig. 9: per reuse-sensitive request (sorted by Unlimited's lead over vllm-disk; requests
+  where histate reuses less than vllm-disk at the right, shaded): hit rate, TTFT, TTFT
+  normalised to vllm-disk. One figure per report.
+* Fig. 10: ablations (histate, align, fixed-32, lru-disk): mean hit rate and mean TTFT over
+  the reuse-sensitive requests.
+* Fig. 11: mutation microbenchmarks (reports named mutation-p*): mean TTFT of mutation
+  requests and overall p99 TTFT against the mutation rate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+ABLATION_ORDER = ("histate", "align", "fixed-32", "lru-disk")
+COLORS = {
+    "histate": "#d62728", "vllm-marconi": "#7f7f7f", "vllm-cpu": "#9ecae1",
+    "vllm-disk": "#3182bd", "sglang-hicache": "#31a354", "unlimited": "#000000",
+    "align": "#fd8d3c", "fixed-32": "#fdae6b", "lru-disk": "#756bb1",
+}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _names(rep: dict) -> list[str]:
+    return [n for n in rep["policies"] + rep.get("references", []) if n in rep]
+
+
+def fig8(reps: list[dict], out: Path) -> Path | None:
+    reps = [r for r in reps if "vllm-marconi" in r]
+    if not reps:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=False)
+    for ax, q in zip(axes, ("ttft_p95", "ttft_p99")):
+        groups = [r["workload"]["name"] for r in reps]
+        pols = [n for n in _names(reps[0]) if n not in ("vllm-marconi", "unlimited")]
+        width = 0.8 / max(1, len(pols))
+        for i, n in enumerate(pols):
+            vals = [r["vllm-marconi"][q] / r[n][q] if n in r and r[n][q] else np.nan
+                    for r in reps]
+            ax.bar(np.arange(len(reps)) + i * width, vals, width, label=n,
+                   color=COLORS.get(n))
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(np.arange(len(reps)) + width * (len(pols) - 1) / 2, groups)
+        ax.set_ylabel(f"{q[5:]} TTFT speedup vs vllm-marconi")
+    axes[1].legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    path = out / "fig8_tail_speedup.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def fig9(rep: dict, out: Path) -> Path | None:
+    pr = rep.get("per_request")
+    if not pr or not any(pr.get("sensitive") or ()) or not all(
+            n in pr["hit"] for n in ("unlimited", "vllm-disk", "histate")):
+        return None
+    plt = _plt()
+    m = np.array(pr["sensitive"], dtype=bool)
+    inp = np.array(pr["input_tokens"], dtype=float)[m]
+    rate = {n: np.array(pr["hit"][n], dtype=float)[m] / np.maximum(inp, 1)
+            for n in ("unlimited", "vllm-disk", "histate")}
+    ttft = {n: np.array(pr["ttft"][n], dtype=float)[m] for n in ("vllm-disk", "histate")}
+    worse = rate["histate"] < rate["vllm-disk"] - 1e-9
+    gap = rate["unlimited"] - rate["vllm-disk"]
+    order = np.lexsort((-gap, worse))
+    x = np.arange(len(order))
+    fig, axes = plt.subplots(3, 1, figsize=(11, 7), sharex=True)
+    for n in ("unlimited", "vllm-disk", "histate"):
+        axes[0].plot(x, rate[n][order], ".", label=n, color=COLORS[n], ms=4)
+    axes[0].set_ylabel("hit rate")
+    for n in ("vllm-disk", "histate"):
+        axes[1].plot(x, ttft[n][order], ".", label=n, color=COLORS[n], ms=4)
+    axes[1].set_ylabel("TTFT (s)")
+    axes[1].set_yscale("log")
+    axes[2].plot(x, ttft["histate"][order] / np.maximum(ttft["vllm-disk"][order], 1e-9), ".",
+                 color=COLORS["histate"], ms=4)
+    axes[2].axhline(1.0, color="k", lw=0.8)
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("TTFT / vllm-disk")
+    axes[2].set_xlabel("reuse-sensitive requests")
+    nw = int(worse.sum())
+    if nw:
+        for ax in axes:
+            ax.axvspan(len(order) - nw - 0.5, len(order) - 0.5, color="0.9", zorder=0)
+    axes[0].legend(fontsize=8)
+    axes[0].set_title(f"{rep['workload']['name']}: {len(order)} reuse-sensitive requests")
+    fig.tight_layout()
+    path = out / f"fig9_per_request_{_slug(rep['workload']['name'])}.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def fig10(rep: dict, out: Path) -> Path | None:
+    pols = [n for n in ABLATION_ORDER if n in rep and "sensitive_ttft_mean" in rep[n]]
+    if len(pols) < 2:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    axes[0].bar(pols, [rep[n]["sensitive_hit_rate_mean"] for n in pols],
+                color=[COLORS[n] for n in pols])
+    axes[0].set_ylabel("mean hit rate")
+    axes[1].bar(pols, [rep[n]["sensitive_ttft_mean"] for n in pols],
+                color=[COLORS[n] for n in pols])
+    axes[1].set_ylabel("mean TTFT (s)")
+    fig.suptitle(f"{rep['workload']['name']}: ablations on reuse-sensitive requests")
+    fig.tight_layout()
+    path = out / f"fig10_ablation_{_slug(rep['workload']['name'])}.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def _mutation_rate(rep: dict) -> float | None:
+    m = re.match(r"mutation-p([0-9.]+)", rep["workload"]["name"])
+    return float(m.group(1)) if m else None
+
+
+def fig11(reps: list[dict], out: Path) -> Path | None:
+    pts = sorted((p, r) for r in reps if (p := _mutation_rate(r)) is not None)
+    if not pts:
+        return None
+    plt = _plt()
+    pols = [n for n in _names(pts[0][1]) if n != "unlimited"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    width = 0.8 / max(1, len(pols))
+    xs = np.arange(len(pts))
+    for i, n in enumerate(pols):
+        a = [r[n].get("mutation_ttft_mean", np.nan) if n in r else np.nan for _, r in pts]
+        b = [r[n]["ttft_p99"] if n in r else np.nan for _, r in pts]
+        axes[0].bar(xs + i * width, a, width, label=n, color=COLORS.get(n))
+        axes[1].bar(xs + i * width, b, width, label=n, color=COLORS.get(n))
+    labels = [f"{p:.0%}" for p, _ in pts]
+    for ax, yl in zip(axes, ("mean TTFT of mutation requests (s)", "p99 TTFT (s)")):
+        ax.set_xticks(xs + width * (len(pols) - 1) / 2, labels)
+        ax.set_xlabel("mutation rate")
+        ax.set_ylabel(yl)
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out / "fig11_mutation.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def plot_reports(paths: list[Path], out: Path, figures: set[int] = frozenset({8, 9, 10, 11})
+                 ) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    reps = [json.loads(Path(p).read_text()) for p in paths]
+    made: list[Path | None] = []
+    if 8 in figures:
+        made.append(fig8([r for r in reps if _mutation_rate(r) is None] or reps, out))
+    for r in reps:
+        if 9 in figures:
+            made.append(fig9(r, out))
+        if 10 in figures:
+            made.append(fig10(r, out))
+    if 11 in figures:
+        made.append(fig11(reps, out))
+    return [p for p in made if p is not None]

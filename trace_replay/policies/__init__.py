@@ -1,0 +1,29 @@
+"""Simulated caching systems, by name (`make(name, ctx)`)."""
+
+from __future__ import annotations
+
+from .base import PolicyContext, SimPolicy
+from .histate import AlignAblation, Fixed32Ablation, HiState, LruDiskAblation
+from .sglang import SglangHiCache
+from .unlimited import Unlimited
+from .vllm import VllmCpu, VllmDisk, VllmMarconi
+
+_CLASSES: dict[str, type[SimPolicy]] = {
+    c.name: c
+    for c in (HiState, VllmMarconi, VllmCpu, VllmDisk, SglangHiCache, Unlimited,
+              AlignAblation, Fixed32Ablation, LruDiskAblation)
+}
+POLICIES = tuple(_CLASSES)
+BASELINES = ("vllm-marconi", "vllm-cpu", "vllm-disk", "sglang-hicache")
+ABLATIONS = ("align", "fixed-32", "lru-disk")
+
+
+def make(name: str, ctx: PolicyContext) -> SimPolicy:
+    try:
+        cls = _CLASSES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}") from None
+    return cls(ctx)
+
+
+__all__ = ["ABLATIONS", "BASELINES", "POLICIES", "PolicyContext", "SimPolicy", "make"]

@@ -1,0 +1,134 @@
+"""The LRU baselines' machinery: a vLLM-like GPU prefix cache plus write-through LRU tiers.
+
+Per request (vLLM's hybrid rules, shared by vllm-marconi, vllm-cpu, vllm-disk and
+sglang-hicache; only the options differ):
+* GPU hit g: deepest block end with the KV of every block before it and a state there.
+* Offload hit p > g: KV of blocks [g, p) and the state at p, each found in DRAM or SSD
+  (what the offloading connector loads into the blocks allocated past the GPU hit). The
+  bytes come from the fastest tier holding each key; loaded keys are touched (LRU).
+* Checkpoints (`checkpoints.py`): prompt end and the junction where the cached KV prefix
+  ends; with `chunk_states` also every prefill chunk end.
+* After prefill the request holds the KV of all its full blocks and its checkpoint states
+  on the GPU (freed tail first at the end of decode); every full block and every checkpoint
+  is written through to each tier that is not already holding it (LRU eviction per tier).
+* `state_share` splits a pool into KV and state partitions (SGLang's static partition).
+"""
+
+from __future__ import annotations
+
+from ..sim.gpu import GpuPrefixCache
+from ..sim.job import Job
+from ..sim.lru import LruStore
+from .base import PolicyContext, SimPolicy
+from .checkpoints import chunk_ends, merge, turn_boundaries
+
+
+class _Tier:
+    """One offload tier, optionally split into a KV and a state partition."""
+
+    def __init__(self, capacity: int, state_share: float | None):
+        if state_share is None:
+            self.kv = self.st = LruStore(capacity)
+        else:
+            st = int(capacity * state_share)
+            self.kv, self.st = LruStore(capacity - st), LruStore(st)
+
+    def store(self, key: int) -> LruStore:
+        return self.st if key < 0 else self.kv
+
+    def __contains__(self, key: int) -> bool:
+        return key in (self.st if key < 0 else self.kv)
+
+    @property
+    def evictions(self) -> int:
+        return self.kv.evictions + (self.st.evictions if self.st is not self.kv else 0)
+
+
+class TieredLru(SimPolicy):
+    def __init__(self, ctx: PolicyContext, *, dram: bool, ssd: bool,
+                 gpu_state_share: float | None = None, dram_state_share: float | None = None,
+                 chunk_states: bool = False):
+        super().__init__(ctx)
+        self.kvb, self.sb = ctx.kv_block_bytes, ctx.state_bytes
+        self.gpu = GpuPrefixCache(ctx.gpu_bytes, self.kvb, self.sb, gpu_state_share)
+        self.tiers: list[_Tier] = []
+        self.names: list[str] = []
+        if dram:
+            self.tiers.append(_Tier(ctx.dram_bytes, dram_state_share))
+            self.names.append("dram")
+        if ssd:
+            self.tiers.append(_Tier(ctx.ssd_bytes, None))
+            self.names.append("ssd")
+        self.chunk_states = chunk_states
+
+    def _where(self, key: int) -> int:
+        """Index of the fastest tier holding `key`, -1 if none."""
+        for i, t in enumerate(self.tiers):
+            if key in t:
+                return i
+        return -1
+
+    def lookup(self, job: Job) -> None:
+        B, hl, limit = self.B, job.blocks, job.max_blocks
+        g, k = self.gpu.hit(hl, limit)
+        p, shared = g, k
+        if self.tiers:
+            where = self._where
+            j = g
+            while j < limit and where(hl[j]) >= 0:
+                j += 1
+            q = j
+            while q > g and where(~hl[q - 1]) < 0:
+                q -= 1
+            p, shared = q, max(k, j)
+            if p > g:
+                got = [0, 0]
+                for key in (*hl[g:p], ~hl[p - 1]):
+                    got[where(key)] += self.sb if key < 0 else self.kvb
+                    for t in self.tiers:
+                        t.store(key).touch(key)
+                for name, b in zip(self.names, got):
+                    if name == "dram":
+                        job.dram_bytes += b
+                    else:
+                        job.ssd_bytes += b
+        job.gpu_hit, job.resume, job.shared = g * B, p * B, shared * B
+        pos = turn_boundaries(job.resume, job.shared, job.prompt_end, B)
+        if self.chunk_states:
+            pos = merge(pos, chunk_ends(job.resume, job.prompt_end, self.ctx.chunk_tokens, B))
+        job.captures = pos
+        held = list(hl[:g])
+        if g:
+            held.append(~hl[g - 1])
+        self.gpu.acquire(held)
+        job.state = held
+
+    def prefilled(self, job: Job) -> None:
+        B, hl = self.B, job.blocks
+        states = set(job.captures)
+        if job.resume:
+            states.add(job.resume)
+        keys: list[int] = []
+        for i, h in enumerate(hl):
+            keys.append(h)
+            if (i + 1) * B in states:
+                keys.append(~h)
+        self.gpu.acquire(keys)
+        self.gpu.release(job.state)
+        job.state = keys
+        kvb, sb = self.kvb, self.sb
+        for t in self.tiers:
+            kv, st = t.kv, t.st
+            for h in hl:
+                kv.put(h, kvb)
+            for p in job.captures:
+                st.put(~hl[p // B - 1], sb)
+
+    def finished(self, job: Job) -> None:
+        self.gpu.release(reversed(job.state))
+
+    def stats(self) -> dict:
+        out = {"gpu_overcommit": self.gpu.overcommit}
+        for name, t in zip(self.names, self.tiers):
+            out[f"{name}_evictions"] = t.evictions
+        return out
