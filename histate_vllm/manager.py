@@ -46,6 +46,9 @@ class Entry:
     dram_ready: bool = False
     on_ssd: bool = False
     ssd_pending: bool = False
+    # The policy dropped this copy while a write to it was in flight: drop it when it lands.
+    forget_dram: bool = False
+    forget_ssd: bool = False
 
     @property
     def readable(self) -> bool:
@@ -82,6 +85,8 @@ class HiStateManager(OffloadingManager):
             budgets=budgets,
             block_tokens=layout.block_tokens,
             interval=config.interval,
+            kv_groups=layout.kv_group_ids,
+            state_groups=sorted(layout.state_group_ids),
         )
         self._entries: dict[bytes, Entry] = {}
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
@@ -133,7 +138,10 @@ class HiStateManager(OffloadingManager):
             self._entries[item.key] = Entry(
                 is_state=item.kind == Kind.STATE, position=item.position, on_ssd=True
             )
-        self.policy.restore_resident(items, Tier.SSD)
+        mtimes = {key: info.mtime for key, info in index.checkpoints.items()}
+        last_access = [mtimes.get(item.key, 0.0) for item in items]
+        for key in self.policy.restore_resident(items, Tier.SSD, last_access=last_access):
+            self._drop(key, Tier.SSD)  # over the budget, or a state without its KV
         logger.info(
             "HiState: found %d checkpoints and %d KV chunks on SSD (%s)",
             len(index.checkpoints), len(seen) - len(index.checkpoints), self.store.root,
@@ -289,6 +297,7 @@ class HiStateManager(OffloadingManager):
 
         KV chunks go first: a state's manifest names the chunks before it, so they must be
         on SSD, or queued ahead of it, for the state to be published at all."""
+        self.apply_demotions()
         for key in self._reserved:  # siblings vLLM did not offer after all
             entry = self._entries.pop(key, None)
             if entry is not None:
@@ -341,14 +350,13 @@ class HiStateManager(OffloadingManager):
             entry = self._entries.get(key)
             if entry is None or entry.slot < 0 or entry.dram_ready:
                 continue
-            if success:
-                entry.dram_ready = True
-                stored.append(key)
+            entry.dram_ready = success
             self.policy.committed(key, Tier.DRAM, success)
-            if not success:
-                self._release_slot(key, entry)
-            else:
+            if success and not entry.forget_dram:
+                stored.append(key)
                 self._settle(key, entry)
+            elif not entry.ssd_pending:
+                self._release_slot(key, entry)
         if stored and self.events is not None:
             self.events.append(OffloadingEvent(keys=stored, medium=Medium.CPU, removed=False))
 
@@ -362,7 +370,13 @@ class HiStateManager(OffloadingManager):
             entry.on_ssd = ok
             self.policy.unpin([key])
             self.policy.committed(key, Tier.SSD, ok)
-            self._settle(key, entry)
+            if entry.forget_ssd and ok:
+                self._drop(key, Tier.SSD)
+            if entry.forget_dram:
+                self._drop(key, Tier.DRAM)
+            elif key in self._entries:
+                self._settle(key, entry)
+        self.apply_demotions()
 
     def on_ssd_lost(self, keys: Iterable[bytes], reason: str) -> None:
         """Keys the worker found corrupt or missing on SSD (already quarantined there)."""
@@ -372,43 +386,56 @@ class HiStateManager(OffloadingManager):
                 continue
             entry.on_ssd = False
             self.policy.remove(key, Tier.SSD, reason)
-            if not entry.readable and not entry.ssd_pending and entry.slot < 0:
-                del self._entries[key]
+            self._forget_if_gone(key, entry)
+        self.apply_demotions()
+
+    def apply_demotions(self) -> None:
+        """Drop the copies the policy no longer wants (it has forgotten them already)."""
+        for tier in (Tier.DRAM, Tier.SSD) if self.store is not None else (Tier.DRAM,):
+            for key in self.policy.demotions(tier):
+                self._drop(key, tier)
 
     def _settle(self, key: bytes, entry: Entry) -> None:
         """Once both copies are known, drop the DRAM one if the policy places the key on SSD."""
         if entry.ssd_pending or not entry.dram_ready or not entry.on_ssd:
             return
-        if not self.policy.keep(key, Tier.DRAM):
-            self.policy.remove(key, Tier.DRAM, "demoted to SSD")
+        if not self.policy.keep(key, Tier.DRAM):  # the policy forgets that copy itself
             self._release_slot(key, entry)
+
+    def _drop(self, key: bytes, tier: Tier) -> None:
+        """Drop one copy; a copy whose write is still in flight goes when the write lands."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        if tier == Tier.DRAM and entry.slot >= 0:
+            if entry.ssd_pending or not entry.dram_ready:
+                entry.forget_dram = True  # still the source or target of a write
+            else:
+                self._release_slot(key, entry)
+                if self.events is not None:
+                    self.events.append(OffloadingEvent(keys=[key], medium=Medium.CPU, removed=True))
+        elif tier == Tier.SSD:
+            if entry.ssd_pending:
+                entry.forget_ssd = True
+            elif entry.on_ssd:
+                entry.on_ssd = False
+                self._delete_from_store(key, entry.is_state)
+                self._forget_if_gone(key, entry)
 
     def _release_slot(self, key: bytes, entry: Entry) -> None:
         if entry.slot >= 0:
             self._free_slots.append(entry.slot)
-        entry.slot, entry.dram_ready = -1, False
-        if not entry.on_ssd and not entry.ssd_pending:
-            del self._entries[key]
+        entry.slot, entry.dram_ready, entry.forget_dram = -1, False, False
+        self._forget_if_gone(key, entry)
+
+    def _forget_if_gone(self, key: bytes, entry: Entry) -> None:
+        if entry.slot < 0 and not entry.on_ssd and not entry.ssd_pending:
+            self._entries.pop(key, None)
 
     def _apply_evictions(self, evict: list[tuple[bytes, Tier]]) -> list[OffloadKey]:
-        gone: list[OffloadKey] = []
         for key, tier in evict:
-            entry = self._entries.get(key)
-            logger.debug("HiState: evict %s from %s (%s)", key.hex()[:12] + "/" + str(get_offload_group_idx(OffloadKey(key))), tier.name, entry)
-            if entry is None:
-                continue
-            if tier == Tier.DRAM:
-                self._release_slot(key, entry)
-                if self.events is not None:
-                    self.events.append(OffloadingEvent(keys=[key], medium=Medium.CPU, removed=True))
-            elif tier == Tier.SSD and entry.on_ssd:
-                entry.on_ssd = False
-                self._delete_from_store(key, entry.is_state)
-                if entry.slot < 0 and not entry.ssd_pending:
-                    del self._entries[key]
-            if key not in self._entries:
-                gone.append(OffloadKey(key))
-        return gone
+            self._drop(key, tier)
+        return [OffloadKey(key) for key, _ in evict if key not in self._entries]
 
     def _delete_from_store(self, key: bytes, is_state: bool) -> None:
         try:

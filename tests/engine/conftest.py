@@ -36,5 +36,8 @@ def run_engine(workdir: Path, name: str, spec: dict, timeout: float = 900) -> En
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / f"{name}.spec.json").write_text(json.dumps(spec))
-    code, results, log = run(spec, timeout=timeout, log_path=str(workdir / f"{name}.log"))
+    code, results, log = run(
+        spec, str(workdir / f"{name}.out.json"), timeout=timeout,
+        log_path=str(workdir / f"{name}.log"),
+    )
     return EngineRun(code, results, log)
