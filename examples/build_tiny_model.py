@@ -1,9 +1,10 @@
 """Build a tiny random-weight hybrid Qwen3-Next (3 Gated-DeltaNet layers + 1 attention layer).
 
 There is no model hub here, so the tests and the demo generate their model. The weights are
-random but deliberately large (`initializer_range`) so that the output really depends on the
-recurrent state: restoring a wrong state changes greedy tokens, which is what makes the
-exactness tests able to fail.
+random but chosen so that the output really depends on the recurrent state: large weights
+(`initializer_range`) and slow state decay (see `_slow_decay`), so restoring a wrong state
+changes what the model says hundreds of tokens later, which is what makes the exactness
+tests able to fail.
 
     python examples/build_tiny_model.py OUT_DIR
 """
@@ -71,6 +72,23 @@ def build_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
 
 
+def _slow_decay(model) -> None:
+    """Make Gated DeltaNet states remember for hundreds of tokens.
+
+    A GDN layer decays its state by exp(-A * softplus(a + dt_bias)) per token. Qwen3-Next's
+    default A ~ U(0.01, 16) forgets within a few tokens in a random model, so a restored
+    state would barely matter once a turn appends a few hundred tokens; A ~ U(1e-4, 2e-3)
+    gives half-lives of roughly 200-5000 tokens.
+    """
+    import torch
+
+    for layer in model.model.layers:
+        gdn = getattr(layer, "linear_attn", None)
+        if gdn is not None:
+            with torch.no_grad():
+                gdn.A_log.copy_(torch.empty_like(gdn.A_log).uniform_(1e-4, 2e-3).log())
+
+
 def build(out: str | Path, seed: int = 0, **overrides) -> Path:
     """Write config, random weights and tokenizer to `out` (idempotent)."""
     import torch
@@ -78,15 +96,17 @@ def build(out: str | Path, seed: int = 0, **overrides) -> Path:
 
     out = Path(out)
     marker = out / "histate_tiny.json"
-    params = {**DEFAULTS, **overrides, "seed": seed}
+    params = {**DEFAULTS, **overrides, "seed": seed, "decay": "slow-v1"}
     if marker.exists() and json.loads(marker.read_text()) == params:
         return out
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    cfg_kwargs = {k: v for k, v in params.items() if k != "seed"}
+    cfg_kwargs = {k: v for k, v in params.items() if k not in ("seed", "decay")}
     config = Qwen3NextConfig(vocab_size=VOCAB_SIZE, bos_token_id=1, eos_token_id=1,
                              pad_token_id=1, **cfg_kwargs)
-    model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
+    model = Qwen3NextForCausalLM(config)
+    _slow_decay(model)
+    model = model.to(torch.bfloat16)
     model.save_pretrained(out)
     build_tokenizer(out)
     marker.write_text(json.dumps(params))

@@ -298,6 +298,9 @@ class HiStateManager(OffloadingManager):
         KV chunks go first: a state's manifest names the chunks before it, so they must be
         on SSD, or queued ahead of it, for the state to be published at all."""
         self.apply_demotions()
+        # The policy keeps a bounded ring of recent events for `explain`; the undrained
+        # list would otherwise grow with every decision.
+        self.policy.drain_events()
         for key in self._reserved:  # siblings vLLM did not offer after all
             entry = self._entries.pop(key, None)
             if entry is not None:
