@@ -114,7 +114,10 @@ class HiStateManager(OffloadingManager):
     # --- start-up ---
 
     def _load_store_index(self) -> None:
-        """Re-admit what a previous run left on SSD (manifests and sizes only)."""
+        """Re-admit what a previous run left on SSD (manifests and sizes only).
+
+        Sizes are payload bytes, as at admission: `_ssd_payload_budget` already set aside
+        the headers and manifests, so counting them again would shrink the budget."""
         index = self.store.scan()
         items: list[Item] = []
         seen: set[bytes] = set()
@@ -128,11 +131,11 @@ class HiStateManager(OffloadingManager):
                     seen.add(k)
                     node = get_offload_block_hash(OffloadKey(k))
                     items.append(Item(k, node, parent, Kind.KV, (i + 1) * self.layout.block_tokens,
-                                      index.chunks[k]))
+                                      self.layout.key_bytes))
                 if ck:
                     parent = get_offload_block_hash(OffloadKey(ck[0]))
             node = get_offload_block_hash(OffloadKey(key))
-            items.append(Item(key, node, parent, Kind.STATE, info.position, info.nbytes))
+            items.append(Item(key, node, parent, Kind.STATE, info.position, self.layout.key_bytes))
             seen.add(key)
         for item in items:
             self._entries[item.key] = Entry(
