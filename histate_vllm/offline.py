@@ -2,9 +2,14 @@
 
     python -m histate_vllm.offline SPEC.json OUT.json
 
-SPEC: {"model": dir, "connector": extra_config or null, "requests": [{"name", "prompt":
-[token ids], "max_tokens"}], and optional engine settings}. OUT: per request the cached
-tokens vLLM reports, greedy tokens, their logprobs and the time to first token.
+SPEC: {"model": dir, "connector": extra_config or null, "requests": [...], and optional
+engine settings}. A request is {"name", "prompt": [token ids], "max_tokens"} or a flood,
+{"name", "flood": F, "prompt_tokens": N}: prompts of at most N fresh tokens (deterministic
+per name), F times the GPU cache's capacity in all, sized once the engine says how many
+tokens its blocks hold (it depends on the machine: 256 or 384 for the tiny model).
+"warmup": N runs one untimed N-token prompt first, so the first timed turn does not pay for
+the engine's warm-up. OUT: the engine's block size and block count, and per request the
+cached tokens vLLM reports, greedy tokens, their logprobs and the time to first token.
 
 Each engine runs in its own process (vLLM spawns workers and keeps global state), so the
 demo and the tests restart an engine over the same SSD directory exactly as a user would.
@@ -43,10 +48,15 @@ def _engine_rss() -> dict[str, int]:
 
 
 def run_engine(spec: dict, out_path: str | None = None, *, timeout: float = 1800,
-               log_path: str | None = None) -> tuple[int, dict, str]:
-    """Run SPEC in a fresh process; return (exit code, results, log)."""
+               log_path: str | None = None, progress=None) -> tuple[int, dict, str]:
+    """Run SPEC in a fresh process; return (exit code, results, log).
+
+    `progress`, if given, is called with each of the runner's own lines ("[runner] ...")
+    as they come, so a caller can show turns as they finish.
+    """
     import subprocess
     import tempfile
+    import threading
 
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = os.path.join(tmp, "spec.json")
@@ -55,19 +65,67 @@ def run_engine(spec: dict, out_path: str | None = None, *, timeout: float = 1800
             json.dump(spec, f)
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                    HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "histate_vllm.offline", spec_path, out_path],
-            capture_output=True, text=True, timeout=timeout, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
-        log = proc.stdout + proc.stderr
+        lines: list[str] = []
+
+        def pump() -> None:
+            for line in proc.stdout:
+                lines.append(line)
+                if progress is not None and line.startswith("[runner]"):
+                    progress(line.rstrip("\n"))
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            lines.append(f"\n[runner] killed after {timeout:.0f} s\n")
+        reader.join(timeout=10)
+        log = "".join(lines)
         if log_path:
             with open(log_path, "w") as f:
                 f.write(log)
         results = {}
-        if os.path.exists(out_path):
+        if proc.returncode == 0 and os.path.exists(out_path):
             with open(out_path) as f:
                 results = json.load(f)
         return proc.returncode, results, log
+
+
+def engine_layout(llm) -> dict:
+    """What the engine really runs with: tokens per KV block and the GPU cache's size."""
+    cache = llm.llm_engine.vllm_config.cache_config
+    return dict(block_size=cache.block_size, num_gpu_blocks=cache.num_gpu_blocks,
+                ssm_dtype=cache.mamba_ssm_cache_dtype)
+
+
+def flood_prompts(name: str, total_tokens: int, prompt_tokens: int) -> list[tuple[str, list[int]]]:
+    """Fresh prompts (shared with nothing) of at most `prompt_tokens`, `total_tokens` in all."""
+    import random
+
+    rng = random.Random(f"flood:{name}")
+    n = -(-total_tokens // prompt_tokens)
+    size = -(-total_tokens // n)
+    return [(f"{name} #{i + 1}", [rng.randrange(2, 2000) for _ in range(size)]) for i in range(n)]
+
+
+def expand_requests(requests: list[dict], layout: dict) -> list[dict]:
+    capacity = layout["block_size"] * layout["num_gpu_blocks"]
+    out = []
+    for req in requests:
+        if "flood" not in req:
+            out.append(req)
+            continue
+        total = int(req["flood"] * capacity)
+        for name, prompt in flood_prompts(req["name"], total, req.get("prompt_tokens", 3000)):
+            out.append(dict(name=name, prompt=prompt, max_tokens=req.get("max_tokens", 4),
+                            flood=req["name"]))
+    return out
 
 
 def main(spec_path: str, out_path: str) -> None:
@@ -88,6 +146,10 @@ def main(spec_path: str, out_path: str) -> None:
         enforce_eager=True,
         disable_log_stats=False,
     )
+    if spec.get("ssm_dtype"):
+        # The recurrent state's dtype sets the KV block size (pages of both kinds match):
+        # float32 states give the tiny model 384-token blocks, bfloat16 states 256.
+        kwargs["mamba_ssm_cache_dtype"] = spec["ssm_dtype"]
     if spec.get("dense_states"):
         # Offer the state at every prefill chunk end to the connector, not only at the
         # prompt tail and shared-prefix junctions (vLLM's default retention).
@@ -102,8 +164,18 @@ def main(spec_path: str, out_path: str) -> None:
         if spec.get("by_name"):
             kwargs["kv_transfer_config"].kv_connector_module_path = None
     llm = LLM(**kwargs)
+    layout = engine_layout(llm)
+    print(f"[runner] engine: {layout['num_gpu_blocks']} blocks of {layout['block_size']} "
+          f"tokens, {layout['ssm_dtype']} states", flush=True)
+    if spec.get("warmup"):
+        import random
+
+        rng = random.Random("warmup")
+        warm = [rng.randrange(2, 2000) for _ in range(spec["warmup"])]
+        llm.generate([TokensPrompt(prompt_token_ids=warm)], SamplingParams(max_tokens=2),
+                     use_tqdm=False)
     results = []
-    for req in spec["requests"]:
+    for req in expand_requests(spec["requests"], layout):
         sp = SamplingParams(max_tokens=req.get("max_tokens", 4), temperature=0, logprobs=1)
         t0 = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=req["prompt"])], sp, use_tqdm=False)[0]
@@ -120,13 +192,14 @@ def main(spec_path: str, out_path: str) -> None:
                 logprobs=[lp[tok].logprob for tok, lp in zip(completion.token_ids, completion.logprobs)],
                 ttft=ttft,
                 wall=wall,
+                **({"flood": req["flood"]} if "flood" in req else {}),
             )
         )
         print(f"[runner] {req['name']}: {len(req['prompt'])} tokens, "
               f"{results[-1]['num_cached_tokens']} cached, {ttft:.3f}s", flush=True)
     rss = _engine_rss()
     with open(out_path, "w") as f:
-        json.dump(dict(results=results, rss=rss), f)
+        json.dump(dict(engine=layout, results=results, rss=rss), f)
     del llm
 
 

@@ -25,6 +25,21 @@ class EngineRun:
         self.results = {r["name"]: r for r in results.get("results", [])}
         self.rss = results.get("rss", {})
         self.log = log
+        # What the engine really ran with (block size, block count): expectations derive
+        # from it, since the block size follows the machine (256 or 384 tokens here).
+        self.engine = results.get("engine", {})
+
+    @property
+    def block_size(self) -> int:
+        return self.engine["block_size"]
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the GPU prefix cache holds."""
+        return self.engine["block_size"] * self.engine["num_gpu_blocks"]
+
+    def flood(self, name: str) -> list[dict]:
+        return [r for r in self.results.values() if r.get("flood") == name]
 
     def __getitem__(self, name: str) -> dict:
         return self.results[name]
