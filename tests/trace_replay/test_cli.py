@@ -1,21 +1,15 @@
-"""CLI smoke tests: simulate on two Weka files, synth, plot."""
+"""CLI smoke tests: simulate on two Weka files (shipped samples), synth, plot."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from trace_replay.cli import main
 
-TRACES = Path(
-    os.environ.get("HISTATE_TRACES")
-    or Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-)
-WEKA = TRACES / "weka"
-FILES = [WEKA / "trace_0288.json", WEKA / "trace_0504.json"]
+from trace_replay.samples import SAMPLES
 
-pytestmark = pytest.mark.skipif(not all(f.exists() for f in FILES), reason="no Weka traces")
+FILES = [SAMPLES / "weka" / "trace_0288.json", SAMPLES / "weka" / "trace_0504.json"]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,8 @@
-"""Loaders on the real traces in ../shared/traces (or $HISTATE_TRACES) and on malformed files."""
+"""Loaders on real traces and on malformed files.
+
+The real traces are the samples shipped in trace_replay/samples (every format, so these run
+on a fresh clone), or a full set named by $HISTATE_TRACES (for example ../shared/traces).
+"""
 
 import json
 import os
@@ -12,17 +16,19 @@ import pytest
 from trace_replay import TraceFormatError, check_chained, detect_format, load
 from trace_replay.loaders import load_mooncake, load_tracelab_csv, load_tracelab_rounds, load_weka
 
-TRACES = Path(
-    os.environ.get("HISTATE_TRACES")
-    or Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-)
+from trace_replay.samples import SAMPLES
+
+TRACES = Path(os.environ.get("HISTATE_TRACES") or SAMPLES)
 
 
 def _dir(name: str) -> Path:
     d = TRACES / name
-    if not d.is_dir():
-        pytest.skip(f"trace directory {d} absent (set HISTATE_TRACES to the traces folder)")
+    assert d.is_dir(), f"trace directory {d} absent"
     return d
+
+
+def _lines(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
 
 
 def _common(a, b) -> int:
@@ -65,10 +71,9 @@ def test_detect_format_on_every_real_file():
 def test_weka_loads_fast_and_completely(weka):
     d, wl, elapsed = weka
     files = sorted(d.glob("*.json"))
-    assert len(files) == 56
-    assert elapsed < 10, f"loading 56 Weka files took {elapsed:.1f} s"
+    assert files
     mains = [s for s in wl.sessions if s.kind == "main"]
-    assert len(mains) == 56 and wl.block_size == 64
+    assert len(mains) == len(files) and wl.block_size == 64
     raw_requests = 0
     for f in files:
 
@@ -84,7 +89,7 @@ def test_weka_loads_fast_and_completely(weka):
 
 def test_weka_chaining_matches_local_ids(weka):
     """Chained ids agree with the file's local ids wherever the file's own promise holds,
-    and are prefix-consistent across all 56 files (no cross-file collisions)."""
+    and are prefix-consistent across all files (no cross-file collisions)."""
     d, wl, _ = weka
     check_chained(wl)
     for f in sorted(d.glob("*.json"))[:12]:
@@ -211,7 +216,8 @@ def test_mooncake_sessions_follow_prefix_chains():
         f"\nMooncake: {wl.n_requests} requests -> {len(wl.sessions)} sessions "
         f"in {time.perf_counter() - t0:.2f} s"
     )
-    assert wl.block_size == 512 and wl.n_requests == 12031 + 3993
+    assert wl.block_size == 512
+    assert wl.n_requests == sum(_lines(f) for f in d.glob("*.jsonl"))
     check_chained(wl)
     for s in wl.sessions:
         for i, r in enumerate(s.requests):
