@@ -123,19 +123,23 @@ class HiStateManager(OffloadingManager):
         seen: set[bytes] = set()
         for key, info in index.checkpoints.items():
             chunk_keys = list(info.chunk_keys)
-            parent = None
+            # A node's parent is the block before it: the state's block is the last one, so
+            # the state hangs off the second-to-last (none for a one-block checkpoint).
+            parent = block_parent = None
             for i, ck in enumerate(self._chunk_keys_by_block(chunk_keys)):
+                block_parent = parent
                 for k in ck:
                     if k in seen or k not in index.chunks:
                         continue
                     seen.add(k)
                     node = get_offload_block_hash(OffloadKey(k))
-                    items.append(Item(k, node, parent, Kind.KV, (i + 1) * self.layout.block_tokens,
-                                      self.layout.key_bytes))
+                    items.append(Item(k, node, block_parent, Kind.KV,
+                                      (i + 1) * self.layout.block_tokens, self.layout.key_bytes))
                 if ck:
                     parent = get_offload_block_hash(OffloadKey(ck[0]))
             node = get_offload_block_hash(OffloadKey(key))
-            items.append(Item(key, node, parent, Kind.STATE, info.position, self.layout.key_bytes))
+            items.append(Item(key, node, block_parent, Kind.STATE, info.position,
+                              self.layout.key_bytes))
             seen.add(key)
         for item in items:
             self._entries[item.key] = Entry(

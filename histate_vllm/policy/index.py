@@ -152,6 +152,9 @@ class PrefixIndex:
         if node is None:
             node = nodes[nid] = Node(nid, item.node, item.position)
         if node.parent is None and item.parent is not None:
+            if item.parent == item.node:
+                # A self-loop would make every upward walk spin forever.
+                raise ValueError(f"item {item.key.hex()} names its own block as its parent")
             pnid = identity + item.parent if identity else item.parent
             parent = nodes.get(pnid)
             if parent is None:

@@ -45,7 +45,7 @@ class EngineRun:
         return self.results[name]
 
 
-def run_engine(workdir: Path, name: str, spec: dict, timeout: float = 900) -> EngineRun:
+def run_engine(workdir: Path, name: str, spec: dict, timeout: float = 600) -> EngineRun:
     """Run one engine in a fresh process; return its results and log (kept in workdir)."""
     from histate_vllm.offline import run_engine as run
 

@@ -50,7 +50,9 @@ EDIT = A2[:2600] + _tokens(500)  # the agent rewrote its context after token 260
 A3 = A2 + _tokens(40) + _tokens(260)
 B1 = _tokens(3000)
 B2 = B1 + _tokens(40) + _tokens(264)
-CHECKED = {"A2": A2, "FORK": FORK, "EDIT": EDIT, "A3": A3, "B2": B2}
+S1 = _tokens(500)  # one whole block at either block size: a one-block checkpoint
+S2 = S1 + _tokens(40) + _tokens(200)
+CHECKED = {"A2": A2, "FORK": FORK, "EDIT": EDIT, "A3": A3, "B2": B2, "S2": S2}
 
 
 def whole_blocks(tokens: int, block_size: int) -> int:
@@ -77,7 +79,7 @@ def _engine(tiny_model, ssm_dtype, **spec) -> dict:
 
 
 X_REQUESTS = [_req("A1", A1), dict(name="F", **FLOOD),
-              _req("A2", A2), _req("FORK", FORK), _req("EDIT", EDIT)]
+              _req("A2", A2), _req("FORK", FORK), _req("EDIT", EDIT), _req("S1", S1)]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,8 @@ def run_y(tiny_model, ssm_dtype, work, run_x):
     spec = _engine(
         tiny_model, ssm_dtype, dense_states=True,
         connector=dict(dram_bytes=4 * MiB, ssd_dir=str(work / "ssd"), ssd_bytes=Y_SSD_BYTES),
-        requests=[_req("A3", A3), _req("B1", B1), dict(name="G", **FLOOD), _req("B2", B2)],
+        requests=[_req("A3", A3), _req("S2", S2), _req("B1", B1), dict(name="G", **FLOOD),
+                  _req("B2", B2)],
     )
     run = run_engine(work, "Y", spec)
     assert run.returncode == 0, run.log[-4000:]
@@ -180,6 +183,13 @@ def test_restart_restores_from_ssd(run_y):
     assert "checkpoints and" in run_y.log  # the start-up scan found the store
 
 
+def test_restart_restores_a_one_block_checkpoint(run_y):
+    # The first block's checkpoint has no parent block; re-indexing it once hung start-up.
+    bs = run_y.block_size
+    hit, best = run_y["S2"]["num_cached_tokens"], whole_blocks(len(S1), bs)
+    assert hit == best, f"after restart S2 reused {hit} of {len(S1)} ({bs}-token blocks)"
+
+
 def test_ssd_restore_within_a_session(run_y):
     bs = run_y.block_size
     assert sum(r["num_prompt_tokens"] for r in run_y.flood("G")) >= run_y.capacity
@@ -200,7 +210,7 @@ def test_dram_restores_are_exact(run_x, cold, tolerance, name):
     assert ok, f"{name} (cached {run_x[name]['num_cached_tokens']}): {why}"
 
 
-@pytest.mark.parametrize("name", ["A3", "B2"])
+@pytest.mark.parametrize("name", ["A3", "S2", "B2"])
 def test_ssd_restores_are_exact(run_y, cold, tolerance, name):
     assert run_y[name]["num_cached_tokens"] > 0
     ok, why = matches_cold(run_y[name], cold[name], tolerance)

@@ -1,8 +1,9 @@
 """Scenario tests of unified GDS eviction and asymmetric placement."""
 
-from _helpers import Clock, FakeManager, chain, kv_item, st_item
+import pytest
+from _helpers import ST_G, Clock, FakeManager, chain, kv_item, st_item
 
-from histate_vllm.policy import Tier, make_key, make_policy
+from histate_vllm.policy import Item, Kind, Tier, make_key, make_policy
 
 BT = 256
 KVB = 256  # one KV chunk = 256 bytes, so one token = 1 byte
@@ -249,6 +250,23 @@ def test_restart_restores_by_mtime_and_trims_to_budget():
     assert fresh.restorable(b).position == 4 * BT and fresh.restorable(a).position == 0
     assert not [e for e in fresh.drain_events() if e.op == "admit"]
     fresh.check_invariants()
+
+
+def test_restart_restores_a_one_block_checkpoint():
+    # A checkpoint at the first block has no parent; restoring it once hung start-up.
+    h = chain(range(1), salt=b"short")
+    fresh, _, _ = build()
+    assert fresh.restore_resident([kv_item(h, 0, BT, KVB), st_item(h, 0, BT, STB)], Tier.SSD) == []
+    assert fresh.restorable(h).position == BT
+    fresh.check_invariants()
+
+
+def test_an_item_that_is_its_own_parent_is_refused():
+    h = chain(range(1))
+    bad = Item(make_key(h[0], ST_G), h[0], h[0], Kind.STATE, BT, STB)
+    core, _, _ = build()
+    with pytest.raises(ValueError, match="its own block as its parent"):
+        core.restore_resident([kv_item(h, 0, BT, KVB), bad], Tier.SSD)
 
 
 def test_data_from_before_a_restart_goes_before_new_sessions():
