@@ -15,7 +15,9 @@ real capacity. Each engine serves an untimed warm-up prompt before the first tim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import shutil
 import sys
@@ -57,6 +59,26 @@ def build_prompts(trace: dict, seed: int = 0) -> list[list[dict]]:
     return runs
 
 
+@contextlib.contextmanager
+def quiet(log: Path):
+    """Send this process's stdout and stderr (native writers included) to `log`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(log, "w") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
 WARMUP_TOKENS = 3000  # more than one 2048-token prefill chunk, like the turns
 
 
@@ -66,14 +88,16 @@ def engine_request(r: dict) -> dict:
     return dict(name=r["name"], prompt=r["prompt"], max_tokens=8)
 
 
-def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: Path) -> dict:
+def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: Path,
+           ssm_dtype: str | None = None) -> dict:
     from histate_vllm.offline import run_engine
 
     tag = "histate" if connector else "vllm"
     results, engines = {}, []
     for i, requests in enumerate(runs):
         spec = dict(model=model, num_gpu_blocks=64, dense_states=True, connector=connector,
-                    warmup=WARMUP_TOKENS, requests=[engine_request(r) for r in requests])
+                    warmup=WARMUP_TOKENS, ssm_dtype=ssm_dtype,
+                    requests=[engine_request(r) for r in requests])
         label = f"{'vLLM + HiState' if connector else 'vLLM alone'}, engine {i + 1}/{len(runs)}"
         print(f"{label}: starting", flush=True)
         code, out, log = run_engine(
@@ -96,23 +120,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dram-mib", type=int, default=16)
     ap.add_argument("--ssd-mib", type=int, default=256)
     ap.add_argument("--workdir", help="keep logs and the SSD store here")
+    ap.add_argument("--ssm-dtype", choices=["float32", "bfloat16"],
+                    help="recurrent-state dtype (default: vLLM's choice for this machine); "
+                         "it sets the KV block size: 384 tokens with float32, 256 with bfloat16")
     args = ap.parse_args(argv)
 
     from build_tiny_model import build
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="histate-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    model = args.model or str(build(work / "tiny-qwen3-next"))
+    model = args.model
+    if model is None:
+        print("building the tiny hybrid model ...", flush=True)
+        with quiet(work / "build-model.log"):
+            model = str(build(work / "tiny-qwen3-next"))
     trace = json.loads(Path(args.trace).read_text())
     runs = build_prompts(trace)
     ssd = work / "ssd"
     shutil.rmtree(ssd, ignore_errors=True)
     print(f"replaying '{trace['name']}' on {model} (logs in {work})", flush=True)
-    base = replay(model, runs, None, work)
+    base = replay(model, runs, None, work, args.ssm_dtype)
     hist = replay(
         model, runs,
         dict(dram_bytes=args.dram_mib * MiB, ssd_dir=str(ssd), ssd_bytes=args.ssd_mib * MiB),
-        work,
+        work, args.ssm_dtype,
     )
     print_table(runs, base, hist)
     return 0
@@ -148,7 +179,7 @@ def print_table(runs, base, hist) -> None:
         print(f"'{name}': {len(prompts)} other sessions, {sum(r['num_prompt_tokens'] for r in prompts)} "
               f"tokens in all, flood the GPU cache ({engine['num_gpu_blocks']} blocks of "
               f"{engine['block_size']} tokens = {engine['num_gpu_blocks'] * engine['block_size']} tokens)")
-    print(f"KV blocks hold {engine['block_size']} tokens on this machine ({engine['ssm_dtype']} "
+    print(f"KV blocks held {engine['block_size']} tokens in this run ({engine['ssm_dtype']} "
           "recurrent states), so every reuse is a multiple of that; figures depend on the machine.")
 
 
