@@ -116,7 +116,27 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         )
         if hit is not None:
             self.manager.note_hit(request.request_id, num_computed_tokens + hit)
+            self._steer_chunk_end(request, num_computed_tokens + hit)
+            logger.debug("HiState: %s resumes at %d; checkpoints planned at %s",
+                         request.request_id, num_computed_tokens + hit,
+                         self.manager.capture_positions(request))
         return hit, is_async
+
+    def _steer_chunk_end(self, request, done: int) -> None:
+        """Make the next prefill chunk end at the policy's next capture position after `done`.
+
+        vLLM saves a recurrent state only where a prefill chunk ends, and its align-mode split
+        ends a chunk at `request.shared_prefix_boundary` (the junction it sets for prefixes
+        shared on the GPU), keeps that state and offers it to the connector. Pointing the
+        junction at the planned position puts checkpoints where the policy wants them, from
+        the stock `vllm serve` line. A junction vLLM found itself is kept until passed.
+        """
+        current = request.shared_prefix_boundary
+        if current > done:
+            return
+        nxt = next((p for p in self.manager.capture_positions(request) if p > done), 0)
+        if nxt and nxt < request.num_prompt_tokens:
+            request.shared_prefix_boundary = nxt
 
     def _build_partial_tail_store_jobs(self, scheduler_output: SchedulerOutput) -> dict:
         # vLLM offers a step's states before its KV chunks; the policy admits a checkpoint
@@ -133,6 +153,13 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         self._keep_block_size()
+        # Before vLLM advances num_computed_tokens: where this step's chunks end.
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            request = self.manager.live_request(req_id)
+            if request is not None:
+                done = request.num_computed_tokens + n
+                if done < request.num_prompt_tokens:
+                    self._steer_chunk_end(request, done)
         bs = scheduler_output.kv_connector_block_state
         meta = super().build_connector_meta(scheduler_output)
         # After every store job of the step, so each state's chunks are already staged.

@@ -90,7 +90,7 @@ class HiStateManager(OffloadingManager):
         )
         self._entries: dict[bytes, Entry] = {}
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
-        self._planned: set[str] = set()
+        self._planned: dict[str, list[int]] = {}  # req_id -> planned capture positions
         self._hit_tokens: dict[str, int] = {}
         # (item, chunk refs) staged in DRAM this step, waiting for take_ssd_writes().
         self._staged: list[tuple[Item, tuple[bytes, ...]]] = []
@@ -173,7 +173,7 @@ class HiStateManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._requests.pop(req_context.req_id, None)
-        self._planned.discard(req_context.req_id)
+        self._planned.pop(req_context.req_id, None)
         self._hit_tokens.pop(req_context.req_id, None)
         self.policy.request_finished(req_context.req_id)
 
@@ -261,16 +261,23 @@ class HiStateManager(OffloadingManager):
             evicted_keys=evicted,
         )
 
-    def _plan(self, request) -> None:
-        if request.request_id in self._planned:
-            return
-        self._planned.add(request.request_id)
-        self.policy.plan_captures(
-            request.request_id,
-            self._block_hashes(request),
-            request.num_prompt_tokens,
-            self._hit_tokens.get(request.request_id, 0),
-        )
+    def _plan(self, request) -> list[int]:
+        plan = self._planned.get(request.request_id)
+        if plan is None:
+            plan = self._planned[request.request_id] = self.policy.plan_captures(
+                request.request_id,
+                self._block_hashes(request),
+                request.num_prompt_tokens,
+                self._hit_tokens.get(request.request_id, 0),
+            )
+        return plan
+
+    def capture_positions(self, request) -> list[int]:
+        """Where the policy wants this request's states (ascending, block-aligned)."""
+        return self._plan(request)
+
+    def live_request(self, request_id: str):
+        return self._requests.get(request_id)
 
     def _block_hashes(self, request) -> list[bytes]:
         hpb = self.hashes_per_block

@@ -131,6 +131,8 @@ def expand_requests(requests: list[dict], layout: dict) -> list[dict]:
 def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if spec.get("log_level"):
+        os.environ["VLLM_LOGGING_LEVEL"] = spec["log_level"]
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
@@ -189,6 +191,7 @@ def main(spec_path: str, out_path: str) -> None:
         results.append(
             dict(
                 name=req["name"],
+                request_id=out.request_id,
                 num_prompt_tokens=len(req["prompt"]),
                 num_cached_tokens=out.num_cached_tokens or 0,
                 token_ids=list(completion.token_ids),
