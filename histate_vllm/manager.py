@@ -233,6 +233,10 @@ class HiStateManager(OffloadingManager):
             )
             if admission is not None:  # evictions stand even when nothing was accepted
                 evicted = self._apply_evictions(admission.evict)
+                # DRAM evictions the policy would move to SSD: this manager does not copy
+                # a slot it is freeing yet, so they are deleted (the simulator copies them).
+                for key in admission.spill:
+                    self.policy.committed(key, Tier.SSD, False)
             assert len(accepted) <= len(self._free_slots), "policy overcommitted DRAM"
             for key in accepted:
                 item = items[key]

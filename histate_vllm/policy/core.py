@@ -17,7 +17,7 @@ from . import events as ev
 from .admission import Residency
 from .base import PolicyCore
 from .events import Event, EventLog
-from .eviction import Evictor
+from .eviction import Evictor, TauModel
 from .index import MANAGED, TIER_BIT, Entry, Node, PrefixIndex
 from .interval import Ema
 from .lookup import lookup
@@ -44,7 +44,7 @@ class HiStatePolicy(Residency, PolicyCore):
         clock,
         identity: bytes = b"",
         *,
-        tau: float = 120.0,
+        tau: float | None = None,
         terminal_alpha: float = 0.05,
         terminal_reuse: float | None = None,
         kv_groups: Sequence[int] | None = None,
@@ -57,7 +57,8 @@ class HiStatePolicy(Residency, PolicyCore):
         self.clock = clock
         self.identity = identity
         self.log = EventLog(clock)
-        self.ev = Evictor(None, tau)  # type: ignore[arg-type]
+        self.tau_model = TauModel(fixed=tau)
+        self.ev = Evictor(None, self.tau_model.value)  # type: ignore[arg-type]
         self.index = PrefixIndex(planner.block_tokens, self.ev.dirty)
         self.ev.index = self.index
         self._dprefix = self._prefix(None)
@@ -182,6 +183,26 @@ class HiStatePolicy(Residency, PolicyCore):
         self._forget(e, tier)
         return False
 
+    def manifest_keys(self, key: bytes) -> list[bytes] | None:
+        """The KV keys of every block before the checkpoint `key` (root first, groups in
+        order): what its SSD manifest names. None if a block's KV is not held."""
+        e = self.index.entries.get(key)
+        if e is None:
+            return None
+        groups = self._sorted_groups[0]
+        out: list[bytes] = []
+        x: Node | None = e.node
+        while x is not None:
+            kv = x.kv
+            for g in reversed(groups):
+                ke = kv.get(g)
+                if ke is None:
+                    return None
+                out.append(ke.key)
+            x = x.parent
+        out.reverse()
+        return out
+
     def demotions(self, tier: Tier) -> list[bytes]:
         out, self._drops[tier] = self._drops.get(tier, []), []
         if tier != Tier.DRAM:
@@ -252,6 +273,8 @@ class HiStatePolicy(Residency, PolicyCore):
             return
         if deepest_state is not None:
             self.terminal_ema.update(1.0 if deepest_state.live_children == 0 else 0.0)
+            if self.tau_model.observe(now - deepest_state.t_last):
+                self.ev.set_tau(self.tau_model.value)
         x: Node | None = top
         while x is not None:  # refresh-all along the matched path
             if x.st or x is top:

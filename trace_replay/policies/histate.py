@@ -63,7 +63,8 @@ class CoreAdapter(SimPolicy):
         # The manager's books: tiers holding a copy of each key (1 = DRAM, 2 = SSD).
         self.book: dict[bytes, int] = {}
         self.n = {"loads": 0, "dram_evictions": 0, "ssd_evictions": 0, "demotions": 0,
-                  "state_offers": 0, "states_admitted": 0, "ssd_state_skips": 0}
+                  "state_offers": 0, "states_admitted": 0, "ssd_state_skips": 0,
+                  "spills": 0, "spill_state_skips": 0}
 
     # -- lookup ------------------------------------------------------------------------------
     def lookup(self, job: Job) -> None:
@@ -170,6 +171,7 @@ class CoreAdapter(SimPolicy):
                 continue
             if self._drop(adm.evict):
                 on_ssd = None
+            self._spill(adm.spill)
             book[key] = book.get(key, 0) | _S
             core.committed(key, _SSD, True)
             if book[key] & _D and not core.keep(key, _DRAM):
@@ -180,6 +182,7 @@ class CoreAdapter(SimPolicy):
         if adm is None:
             return False
         self._drop(adm.evict)
+        self._spill(adm.spill)
         bit = _BIT[tier]
         book, core = self.book, self.core
         for key in adm.accepted:
@@ -187,6 +190,25 @@ class CoreAdapter(SimPolicy):
             core.committed(key, tier, True)
             staged.append(items[key])
         return bool(adm.accepted)
+
+    def _spill(self, keys: list[bytes]) -> None:
+        """DRAM evictions that move to SSD: copied from the DRAM copy (instant here), KV
+        first; a state only if every KV chunk before it is on SSD (its manifest names them),
+        as the manager writes them."""
+        if not keys:
+            return
+        core, book = self.core, self.book
+        keys = sorted(keys, key=lambda k: k.endswith(_STS))
+        for key in keys:
+            if key.endswith(_STS):
+                refs = core.manifest_keys(key)
+                if refs is None or not all(book.get(k, 0) & _S for k in refs):
+                    self.n["spill_state_skips"] += 1
+                    core.committed(key, _SSD, False)
+                    continue
+            book[key] = book.get(key, 0) | _S
+            core.committed(key, _SSD, True)
+            self.n["spills"] += 1
 
     def _drop(self, evict) -> bool:
         """Forget evicted copies; True if an SSD copy of a KV chunk went."""
@@ -218,6 +240,8 @@ class CoreAdapter(SimPolicy):
         out["gpu_overcommit"] = self.gpu.overcommit
         out["dram_used"] = self.core.usage(_DRAM)
         out["ssd_used"] = self.core.usage(_SSD)
+        if hasattr(self.core, "tau_model"):
+            out["tau_s"] = round(self.core.ev.tau, 1)
         return out
 
 
