@@ -166,7 +166,7 @@ class Residency:
         out = Admission()
         # Writing a backup (SSD copy of what DRAM holds) may displace other backups, never
         # data held nowhere else.
-        units = not (tier is Tier.SSD and done and all(
+        units = self.ev.keep_backups or not (tier is Tier.SSD and done and all(
             (e.resident | e.pending) & _DRAM and is_backup(e) for e, _, _ in done))
         spilled: list[Entry] = []
         if used[tier] > budget:

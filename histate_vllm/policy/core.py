@@ -47,6 +47,7 @@ class HiStatePolicy(Residency, PolicyCore):
         tau: float | None = None,
         terminal_alpha: float = 0.05,
         terminal_reuse: float | None = None,
+        keep_backups: bool = False,
         kv_groups: Sequence[int] | None = None,
         state_groups: Sequence[int] | None = None,
         kv_bytes_per_token: float | None = None,
@@ -59,6 +60,7 @@ class HiStatePolicy(Residency, PolicyCore):
         self.log = EventLog(clock)
         self.tau_model = TauModel(fixed=tau)
         self.ev = Evictor(None, self.tau_model.value)  # type: ignore[arg-type]
+        self.ev.keep_backups = bool(keep_backups)
         self.index = PrefixIndex(planner.block_tokens, self.ev.dirty)
         self.ev.index = self.index
         self._dprefix = self._prefix(None)

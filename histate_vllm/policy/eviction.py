@@ -102,6 +102,9 @@ class Evictor:
         self.index = index
         self.tau = tau
         self.tau_pushed = tau  # the tau of the scores in the heaps
+        # True: SSD never drops a backup (every DRAM copy stays backed on SSD: the mirror
+        # that restarts want, at the cost of DRAM capacity that does not add to SSD's).
+        self.keep_backups = False
         self.q = 0.5  # set by the core from its terminal-reuse EMA before each flush
         self.token_bytes = 1.0  # bytes of one token of KV (all groups), set by the core
         self.dirty: dict[Node, None] = {}
@@ -234,7 +237,7 @@ class Evictor:
                     if not live:
                         continue
                     rank = stage1_rank(e, t)
-                    if rank is not None:
+                    if rank is not None and not (self.keep_backups and t is ts):
                         push(self.sheaps[t], (rank, e.touch, e.key, v, e))
             edirty.clear()
         lim_n = 2 * self.n_units + 1024

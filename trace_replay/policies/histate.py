@@ -21,7 +21,13 @@ path). Keys: 8-byte block id + 4-byte group (0 = attention KV, 1 = recurrent sta
 
 Variants (the paper's ablations, each changing one mechanism): `align` = checkpoint interval
 fixed to vLLM's prefill chunk (align-mode chunk ends), `fixed-32` = fixed 32-block interval,
-`lru-disk` = the core's `lru` policy (write-through, per-tier LRU) with HiState's planner.
+`lru-disk` = the core's `lru` policy (write-through, per-tier LRU) with HiState's planner,
+`histate-mirror` = SSD keeps every backup (restart survival vs capacity).
+
+Restart survival (stats): after each request is stored, the deepest position of its prompt
+restorable from SSD alone (KV chunks and a state there, all on SSD) against the deepest
+restorable from any tier; `restart_survival` = the ratio of their sums, i.e. the share of
+resumable tokens a restart at a random moment would keep.
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ class CoreAdapter(SimPolicy):
         self.book: dict[bytes, int] = {}
         self.n = {"loads": 0, "dram_evictions": 0, "ssd_evictions": 0, "demotions": 0,
                   "state_offers": 0, "states_admitted": 0, "ssd_state_skips": 0,
-                  "spills": 0, "spill_state_skips": 0}
+                  "spills": 0, "spill_state_skips": 0, "restorable_tokens": 0,
+                  "restorable_from_ssd_tokens": 0}
 
     # -- lookup ------------------------------------------------------------------------------
     def lookup(self, job: Job) -> None:
@@ -150,6 +157,24 @@ class CoreAdapter(SimPolicy):
                 self.n["states_admitted"] += 1
         if staged and self.ctx.ssd_bytes > 0:
             self._write_ssd(staged, hb)
+        self._probe_restart(hb)
+
+    def _probe_restart(self, hb: list[bytes]) -> None:
+        book, n = self.book, self.n
+        best_any = best_ssd = 0
+        all_ssd = True
+        for i, h in enumerate(hb):
+            b = book.get(h + _KVS, 0)
+            if not b:
+                break
+            all_ssd = all_ssd and bool(b & _S)
+            s = book.get(h + _STS, 0)
+            if s:
+                best_any = i + 1
+                if all_ssd and s & _S:
+                    best_ssd = i + 1
+        n["restorable_tokens"] += best_any * self.B
+        n["restorable_from_ssd_tokens"] += best_ssd * self.B
 
     def _write_ssd(self, staged: list[Item], hb: list[bytes]) -> None:
         core, book, B = self.core, self.book, self.B
@@ -240,6 +265,9 @@ class CoreAdapter(SimPolicy):
         out["gpu_overcommit"] = self.gpu.overcommit
         out["dram_used"] = self.core.usage(_DRAM)
         out["ssd_used"] = self.core.usage(_SSD)
+        if out["restorable_tokens"]:
+            out["restart_survival"] = round(
+                out["restorable_from_ssd_tokens"] / out["restorable_tokens"], 4)
         if hasattr(self.core, "tau_model"):
             out["tau_s"] = round(self.core.ev.tau, 1)
         return out
@@ -271,3 +299,13 @@ class LruDiskAblation(CoreAdapter):
 
     def __init__(self, ctx: PolicyContext):
         super().__init__(ctx, core="lru")
+
+
+class MirrorAblation(CoreAdapter):
+    """HiState whose SSD never drops the backup of what DRAM holds (the write-through
+    mirror): what a restart finds against the capacity the two tiers add up to."""
+
+    name = "histate-mirror"
+
+    def __init__(self, ctx: PolicyContext):
+        super().__init__(ctx, keep_backups=True)
