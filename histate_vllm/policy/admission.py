@@ -214,7 +214,8 @@ class Residency:
 
     def _settle_spills(self, spilled: list[Entry], out: Admission) -> None:
         """Make SSD room for what DRAM pressure moved there; what still does not fit is
-        deleted (checkpoints first). The rest the manager copies from DRAM (`spill`)."""
+        deleted (checkpoints first, then KV deepest first, each KV chunk with the checkpoints
+        below it). The rest the manager copies from DRAM (`spill`)."""
         ssd = Tier.SSD
         if self.used[ssd] > self.budgets[ssd]:
             self._make_room(ssd, out.evict)
@@ -222,8 +223,11 @@ class Residency:
         spilled.sort(key=_spill_keep_order)
         while spilled and self.used[ssd] > self.budgets[ssd]:
             e = spilled.pop()
+            if not e.pending & _SSD:
+                continue  # went with a KV chunk above it
             self._emit(ev.EVICT, e, ssd, "no room on SSD for a DRAM eviction")
-            self._forget(e, ssd, self.clock())
+            # A KV chunk takes the checkpoints below it along (`demotions` names them).
+            self._lose(e, ssd, "no room on SSD")
         out.spill.extend(e.key for e in spilled if e.pending & _SSD)
 
     def _make_room(self, tier: Tier, out: list[tuple[bytes, Tier]], units: bool = True,

@@ -157,7 +157,24 @@ class CoreAdapter(SimPolicy):
                 self.n["states_admitted"] += 1
         if staged and self.ctx.ssd_bytes > 0:
             self._write_ssd(staged, hb)
+        self._apply_demotions()
         self._probe_restart(hb)
+
+    def _apply_demotions(self) -> None:
+        """Copies the policy dropped on its own (historical checkpoints leaving DRAM, what a
+        lost KV chunk took along), as the manager's `apply_demotions`."""
+        demotions = getattr(self.core, "demotions", None)
+        if demotions is None:
+            return
+        book = self.book
+        for tier in (_DRAM, _SSD):
+            bit = _BIT[tier]
+            for key in demotions(tier):
+                bits = book.get(key, 0) & ~bit
+                if bits:
+                    book[key] = bits
+                else:
+                    book.pop(key, None)
 
     def _probe_restart(self, hb: list[bytes]) -> None:
         book, n = self.book, self.n
