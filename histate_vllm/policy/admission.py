@@ -244,9 +244,16 @@ class Residency:
         other = Tier.SSD if tier == Tier.DRAM else Tier.DRAM
         while self.used[tier] > budget:
             self._flush()
-            e = self.ev.next_copy(tier, aside_c)
+            e = self.ev.next_copy(tier, aside_c, spill is not None)
             if e is not None:
-                self._emit(ev.DEMOTE, e, tier, f"{tier.name} full; a copy stays in {other.name}")
+                if not e.resident & TIER_BIT[other]:  # a KV chunk in DRAM only: moves down
+                    e.pending |= _SSD
+                    self.used[Tier.SSD] += e.nbytes
+                    spill.append(e)  # type: ignore[union-attr]
+                    self._emit(ev.DEMOTE, e, tier, "DRAM full; moves to SSD")
+                else:
+                    self._emit(ev.DEMOTE, e, tier,
+                               f"{tier.name} full; a copy stays in {other.name}")
                 out.append((e.key, tier))
                 self._forget(e, tier)
                 continue

@@ -61,6 +61,7 @@ class HiStatePolicy(Residency, PolicyCore):
         self.tau_model = TauModel(fixed=tau)
         self.ev = Evictor(None, self.tau_model.value)  # type: ignore[arg-type]
         self.ev.keep_backups = bool(keep_backups)
+        self.ev.move_down = not keep_backups
         self.index = PrefixIndex(planner.block_tokens, self.ev.dirty)
         self.ev.index = self.index
         self._dprefix = self._prefix(None)
@@ -262,7 +263,7 @@ class HiStatePolicy(Residency, PolicyCore):
             if e is None:
                 continue
             e.touch = tick
-            if e.resident == _BOTH:  # only copies held twice have a stage-1 (LRU) entry
+            if e.resident & _DRAM:  # DRAM copies have a stage-1 (LRU) entry to refresh
                 edirty[e] = None
             n = e.node
             if e.kind is _STATE:

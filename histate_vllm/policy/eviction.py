@@ -39,6 +39,9 @@ import heapq
 import itertools
 
 from .index import MANAGED, TIER_BIT, Entry, Node, PrefixIndex
+from .types import Kind
+
+_KV = Kind.KV
 from .placement import stage1_rank
 
 _BOTH = TIER_BIT[MANAGED[0]] | TIER_BIT[MANAGED[1]]
@@ -105,6 +108,9 @@ class Evictor:
         # True: SSD never drops a backup (every DRAM copy stays backed on SSD: the mirror
         # that restarts want, at the cost of DRAM capacity that does not add to SSD's).
         self.keep_backups = False
+        # True: DRAM and SSD are one hierarchy: DRAM's stage 1 also moves KV chunks held
+        # only in DRAM down to SSD, in the order it drops backed copies (rank, then LRU).
+        self.move_down = True
         self.q = 0.5  # set by the core from its terminal-reuse EMA before each flush
         self.token_bytes = 1.0  # bytes of one token of KV (all groups), set by the core
         self.dirty: dict[Node, None] = {}
@@ -228,13 +234,17 @@ class Evictor:
                     edirty[e] = None
         if edirty:
             entries = self.index.entries
+            move = self.move_down
             for e in edirty:
-                if e.resident != _BOTH:  # one tier only: no stage-1 entry (stale ones fail)
+                r = e.resident
+                # Stage-1 entries: copies held twice; with move_down also KV chunks held in
+                # DRAM only (they move to SSD). Stale entries fail the test in next_copy.
+                if r != _BOTH and not (move and r == bd and e.kind is _KV):
                     continue
                 live = entries.get(e.key) is e
                 for t in MANAGED:
                     e.sver[t] = v = next(ver)
-                    if not live:
+                    if not live or (t is ts and r != _BOTH):
                         continue
                     rank = stage1_rank(e, t)
                     if rank is not None and not (self.keep_backups and t is ts):
@@ -258,8 +268,9 @@ class Evictor:
             heapq.heapify(self.sheaps[t])
 
     # -- candidates ---------------------------------------------------------------------------
-    def next_copy(self, t: int, aside: list) -> Entry | None:
-        """Stage 1: the next droppable copy in tier t that another tier also holds."""
+    def next_copy(self, t: int, aside: list, move: bool = False) -> Entry | None:
+        """Stage 1: the next copy to drop from tier t: one another tier also holds, or
+        (`move`, DRAM, `move_down`) a KV chunk held only in DRAM, which moves to SSD."""
         heap = self.sheaps[t]
         bit = TIER_BIT[t]
         entries = self.index.entries
@@ -268,8 +279,14 @@ class Evictor:
             e = top[4]
             if top[3] != e.sver[t] or entries.get(e.key) is not e:
                 continue
-            if not (e.resident & bit) or not (e.resident & ~bit):
+            if not e.resident & bit:
                 continue
+            if not e.resident & ~bit:
+                if not (self.move_down and t is MANAGED[0] and e.kind is _KV):
+                    continue
+                if not move:
+                    aside.append(top)
+                    continue
             if stage1_rank(e, t) is None:  # rank changed since the push (leaf -> inner)
                 continue
             if e.pins or e.pending:

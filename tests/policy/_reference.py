@@ -3,8 +3,9 @@
 It reads only the primary state of a policy (tree links, entries, residency, pins, t_last,
 touch order) and re-derives liveness, units, costs, scores and placement ranks without any of
 the incremental machinery, then evicts one candidate at a time exactly as the contract says:
-stage 1 (copies the other tier also holds: from DRAM what SSD backs, from SSD the backups of
-KV chunks and terminal checkpoints DRAM holds; placement rank, then least recently touched),
+stage 1 (copies the other tier also holds: from DRAM what SSD backs, and when spilling KV
+chunks held in DRAM only, which move to SSD; from SSD the backups of KV chunks and terminal
+checkpoints DRAM holds; placement rank, then least recently touched),
 then stage 2 (the unit with the lowest H = t_last + tau*C/M, ties by node id): deleted in
 every tier, or with `spill` (DRAM pressure, an SSD tier) its DRAM copies move to SSD.
 """
@@ -95,8 +96,11 @@ def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
         best = None
         for n in nodes.values():
             for e in n.kv + n.st:
-                if not (e.resident & bit and e.resident & ~bit) or e.pins or e.pending:
+                if not e.resident & bit or e.pins or e.pending:
                     continue
+                if not e.resident & ~bit and not (spill and tier == Tier.DRAM
+                                                  and e.kind == Kind.KV):
+                    continue  # held once: only a KV chunk moves down (from DRAM, spilling)
                 if tier == Tier.DRAM:
                     rank = (1 if is_leaf(n) else 0) if e.kind == Kind.STATE else 2
                 elif e.kind == Kind.KV:
@@ -111,6 +115,9 @@ def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
                     best = (k, e, n)
         if best is not None:
             _, e, n = best
+            if not e.resident & ~bit:
+                e.pending |= BIT[Tier.SSD]
+                used[Tier.SSD] += e.nbytes
             e.resident &= ~bit
             used[tier] -= e.nbytes
             out.append((e.key, tier))

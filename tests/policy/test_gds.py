@@ -289,8 +289,9 @@ def test_ssd_pressure_drops_restart_backups_first():
     core.check_invariants()
 
 
-def test_dram_pressure_moves_units_to_ssd():
-    """What DRAM pressure evicts is moved to SSD (the manager copies it), not deleted."""
+def test_dram_pressure_moves_kv_to_ssd():
+    """What DRAM pressure evicts is moved to SSD (the manager copies it), not deleted: the
+    least recently touched KV chunks first; the terminal checkpoint keeps its DRAM home."""
     core, mgr, clock = build(dram=12 * 256 + STB, terminal_reuse=0.5)
     a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")
     store(mgr, a, 8, [8])
@@ -299,6 +300,8 @@ def test_dram_pressure_moves_units_to_ssd():
     assert adm.spill and all(Tier.DRAM == t for k, t in adm.evict if k in adm.spill)
     for k in adm.spill:
         core.committed(k, Tier.SSD, True)
-    assert core.where(state_key(a, 8)) == {Tier.SSD}
+    assert core.where(state_key(a, 8)) == {Tier.DRAM}
+    where = [core.where(make_key(h, 0)) for h in a]
+    assert where.count(frozenset({Tier.SSD})) == 4 and all(where)  # moved, none deleted
     assert core.restorable(a).position == 8 * BT
     core.check_invariants()
