@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="draw Figures 8-11-style charts from simulate JSONs")
     p.add_argument("reports", nargs="+", type=Path)
     p.add_argument("--out", type=Path, default=Path("figures"))
-    p.add_argument("--figures", default="8,9,10,11")
+    p.add_argument("--figures", default="8,9,10,11,12")
 
     v = sub.add_parser("live", help="replay against a running OpenAI-compatible server")
     _add_inputs(v)

@@ -358,6 +358,7 @@ class HiStatePolicy(Residency, PolicyCore):
     def plan_captures(self, request_id, block_hashes, num_prompt_tokens, hit_tokens,
                       identity=None) -> list[int]:
         hit = self.restorable(block_hashes, identity=identity)
+        self._observe_fork(block_hashes, hit.shared, identity)
         plan = self.planner.plan(num_prompt_tokens, hit_tokens, hit.position, hit.shared)
         positions = [p for p in plan.positions if p != hit.position]
         plans = self.plans
@@ -375,6 +376,18 @@ class HiStatePolicy(Residency, PolicyCore):
         self.log.emit(ev.PLAN, request_id=request_id, positions=positions, position=hit.position,
                       reason=plan.reason)
         return positions
+
+    def _observe_fork(self, block_hashes, shared: int, identity) -> None:
+        """An internal hit: the prompt leaves a cached context that continues past `shared`."""
+        forks = self.planner.forks
+        bt = self.planner.block_tokens
+        nb = shared // bt
+        if forks is None or nb == 0 or nb >= len(block_hashes):
+            return
+        prefix = self._prefix(identity)
+        n = self.index.nodes.get(prefix + block_hashes[nb - 1])
+        if n is not None and n.children:
+            forks.observe(shared)
 
     def request_finished(self, request_id: str) -> None:
         self.plans.pop(request_id, None)
