@@ -244,6 +244,7 @@ class HiStateConnector(OffloadingConnector):
         spec = HiStateSpec(
             offloading, histate, layout, store_identity(vllm_config, layout),
             max_model_len=vllm_config.model_config.max_model_len,
+            step_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
         )
         self._canonical_layout = offloading.canonical_layout
         self.connector_scheduler = None

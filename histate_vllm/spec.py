@@ -22,6 +22,7 @@ class HiStateSpec(OffloadingSpec):
         layout: CacheLayout,
         identity: StoreIdentity,
         max_model_len: int,
+        step_tokens: int | None = None,
     ):
         super().__init__(config)
         if self.blocks_per_chunk != 1:
@@ -30,6 +31,7 @@ class HiStateSpec(OffloadingSpec):
         self.layout = layout
         self.identity = identity
         self.max_model_len = max_model_len
+        self.step_tokens = step_tokens
         self._manager = None
         self._worker = None
 
@@ -55,6 +57,7 @@ class HiStateSpec(OffloadingSpec):
                 max_model_len=self.max_model_len,
                 store=self.open_store(),
                 enable_events=self.kv_events_config.enable_kv_cache_events,
+                step_tokens=self.step_tokens,
             )
         return self._manager
 

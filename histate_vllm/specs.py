@@ -9,21 +9,7 @@ from dataclasses import dataclass
 
 from vllm.v1.kv_offload.base import LoadStoreSpec
 
-
-@dataclass(frozen=True, slots=True)
-class SSDWrite:
-    """Copy a key staged in a DRAM slot to the SSD store.
-
-    Sent with the step's metadata after that step's store jobs, so the worker runs it once
-    the slot holds the data; the slot stays pinned until the worker reports the write."""
-
-    key: bytes
-    slot: int
-    is_state: bool
-    position: int
-    # For a state: the KV chunk keys of every block before it (its manifest names them).
-    chunk_keys: tuple[bytes, ...] = ()
-    provenance: str = ""
+from histate_vllm.orchestration import SSDWrite  # noqa: F401  (sent to the worker)
 
 
 @dataclass

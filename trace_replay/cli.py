@@ -74,6 +74,15 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
                    help="synthetic workload, e.g. mutation:p=0.05,seed=1 (repeatable)")
 
 
+def _seconds_or_none(x: str) -> float:
+    if x.strip().lower() in ("none", "inf", "off"):
+        return math.inf
+    v = float(x)
+    if v <= 0:
+        raise argparse.ArgumentTypeError("--max-delay wants seconds > 0 or 'none'")
+    return v
+
+
 def _gib(x: str) -> int:
     return int(float(x) * GiB)
 
@@ -101,14 +110,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mfu", type=float, help="override the device's sustained fraction")
     s.add_argument("--histate-option", action="append", default=[], metavar="KEY=VALUE",
                    help="option of HiState's policy core, e.g. tau=3600 (repeatable)")
-    s.add_argument("--concurrency", type=int, default=24, help="live main sessions (24)")
+    s.add_argument("--concurrency", type=int, default=24,
+                   help="live main sessions (default 24, the paper's session concurrency)")
+    s.add_argument("--gap", choices=["arrival", "think"], default=None,
+                   help="gap before a session's next request, counted from the end of the "
+                        "previous one: 'arrival' = recorded arrival gap t[k+1]-t[k] "
+                        "(kv-cache-tester's 'original' timing), 'think' = think_time "
+                        "(default: arrival for recorded traces, think for synthetic)")
+    s.add_argument("--max-delay", type=_seconds_or_none, default=None, metavar="S",
+                   help="cap one gap (and a subagent's spawn offset) at S seconds, 'none' for "
+                        "no cap (default: 60 for recorded traces, kv-cache-tester's "
+                        "--max-delay; none for synthetic workloads)")
+    s.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply every capped gap (default 1.0; 0.5 = twice as fast), as "
+                        "kv-cache-tester's --time-scale")
+    s.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+                   help="end a session at its first request with more input tokens "
+                        "(kv-cache-tester's --max-context); 0 = no limit (default: the "
+                        "model's context length, 262144 for the Qwen models)")
     s.add_argument("--seed", type=int, default=0, help="session admission order")
     s.add_argument("--ramp", type=float, default=None,
                    help="spread the first sessions' starts over this many s (default: 600 "
                         "for recorded traces, 0 for synthetic workloads, which stagger)")
-    s.add_argument("--think-scale", type=float, default=1.0)
-    s.add_argument("--max-think", type=float, default=None, help="cap one think gap (s)")
-    s.add_argument("--jobs", type=int, default=None, help="processes (default: CPUs)")
+    s.add_argument("--think-scale", type=float, default=1.0, help="'think' gaps only")
+    s.add_argument("--max-think", type=float, default=None,
+                   help="'think' gaps only: cap one think gap (s)")
+    s.add_argument("--jobs", type=int, default=None,
+                   help="processes (default: CPUs; 1 runs every policy in this process)")
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--no-per-request", action="store_true",
                    help="leave per-request arrays out of the JSON")
@@ -120,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="draw Figures 8-11-style charts from simulate JSONs")
     p.add_argument("reports", nargs="+", type=Path)
     p.add_argument("--out", type=Path, default=Path("figures"))
-    p.add_argument("--figures", default="8,9,10,11")
+    p.add_argument("--figures", default="8,9,10,11,12")
 
     v = sub.add_parser("live", help="replay against a running OpenAI-compatible server")
     _add_inputs(v)
@@ -150,7 +178,9 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         ssd_bytes=a.ssd_bytes, block_tokens=a.block_tokens, chunk_tokens=a.chunk_tokens,
         mfu=a.mfu, core_options=_options(a.histate_option),
         replay=ReplaySettings(concurrency=a.concurrency, seed=a.seed, ramp=ramp,
-                              think_scale=a.think_scale, max_think=a.max_think),
+                              gap=a.gap, max_delay=a.max_delay, time_scale=a.time_scale,
+                              max_context=a.max_context, think_scale=a.think_scale,
+                              max_think=a.max_think),
     )
     extra = {"inputs": a.traces, "synth": a.synth, "format": a.format,
              "command": " ".join(["python -m trace_replay", *sys.argv[1:]])}

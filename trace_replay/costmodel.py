@@ -54,6 +54,9 @@ class ModelSpec:
     kv_dtype_bytes: int = 2  # bf16
     ssm_dtype_bytes: int = 4  # fp32 recurrent state (vLLM/SGLang default for Qwen3.5/Next)
     conv_dtype_bytes: int = 2
+    # Longest prompt the model serves (config.json max_position_embeddings); the replay's
+    # default context limit (a session ends at its first longer request).
+    context_tokens: int = 262_144
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -8,6 +8,7 @@
   the reuse-sensitive requests.
 * Fig. 11: mutation microbenchmarks (reports named mutation-p*): mean TTFT of mutation
   requests and overall p99 TTFT against the mutation rate.
+* Fig. 12: TTFT CDF per policy (whole range and the tail above p90), one figure per report.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ COLORS = {
     "histate": "#d62728", "vllm-marconi": "#7f7f7f", "vllm-cpu": "#9ecae1",
     "vllm-disk": "#3182bd", "sglang-hicache": "#31a354", "unlimited": "#000000",
     "align": "#fd8d3c", "fixed-32": "#fdae6b", "lru-disk": "#756bb1",
+    "histate-mirror": "#e377c2", "vllm-disk-align": "#6baed6", "sglang-hicache-chunks": "#74c476",
 }
 
 
@@ -107,6 +109,35 @@ def fig9(rep: dict, out: Path) -> Path | None:
     return path
 
 
+def fig12(rep: dict, out: Path) -> Path | None:
+    pr = rep.get("per_request")
+    if not pr:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for n in _names(rep):
+        if n not in pr["ttft"] or n in ABLATION_ORDER[1:]:
+            continue
+        t = np.sort(np.array(pr["ttft"][n], dtype=float))
+        y = np.arange(1, len(t) + 1) / len(t)
+        style = "--" if n in ("histate-mirror", "vllm-disk-align", "sglang-hicache-chunks") \
+            else "-"
+        for ax in axes:
+            ax.plot(t, y, style, label=n, color=COLORS.get(n), lw=1.2)
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("TTFT (s)")
+    axes[0].set_ylabel("fraction of requests")
+    axes[1].set_ylim(0.9, 1.0005)
+    axes[1].set_xlabel("TTFT (s), tail")
+    axes[1].legend(fontsize=7, loc="lower right")
+    axes[0].set_title(f"{rep['workload']['name']}: {rep['workload']['requests']} requests")
+    fig.tight_layout()
+    path = out / f"fig12_ttft_cdf_{_slug(rep['workload']['name'])}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def fig10(rep: dict, out: Path) -> Path | None:
     pols = [n for n in ABLATION_ORDER if n in rep and "sensitive_ttft_mean" in rep[n]]
     if len(pols) < 2:
@@ -163,8 +194,8 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def plot_reports(paths: list[Path], out: Path, figures: set[int] = frozenset({8, 9, 10, 11})
-                 ) -> list[Path]:
+def plot_reports(paths: list[Path], out: Path,
+                 figures: set[int] = frozenset({8, 9, 10, 11, 12})) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     reps = [json.loads(Path(p).read_text()) for p in paths]
     made: list[Path | None] = []
@@ -175,6 +206,8 @@ def plot_reports(paths: list[Path], out: Path, figures: set[int] = frozenset({8,
             made.append(fig9(r, out))
         if 10 in figures:
             made.append(fig10(r, out))
+        if 12 in figures:
+            made.append(fig12(r, out))
     if 11 in figures:
         made.append(fig11(reps, out))
     return [p for p in made if p is not None]

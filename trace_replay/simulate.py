@@ -16,7 +16,7 @@ import os
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from .metrics import REFERENCES, reuse_sensitive, summarize
 from .model import Workload, coarsen
 from .policies import POLICIES, PolicyContext, make
 from .sim import Replay, ReplaySettings, RunResult, SimClock, Simulator
+from .sim.engine import limit_context
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,17 @@ class Prepared:
     replay: Replay
     config: SimConfig
     ctx_args: dict
+    context_dropped: int = 0  # requests left out by the context limit
 
 
 def prepare(workload: Workload, config: SimConfig) -> Prepared:
     cost = config.cost()
     bt = block_size_for(workload, config.block_tokens or cost.model.block_tokens)
-    wl = coarsen(workload, bt)
+    settings = config.replay
+    if settings.max_context is None:
+        settings = replace(settings, max_context=cost.model.context_tokens)
+    limited, dropped = limit_context(workload, settings.max_context)
+    wl = coarsen(limited, bt)
     gpu = config.gpu_bytes
     if gpu is None:
         gpu = default_gpu_cache_bytes(cost.model, cost.device)
@@ -85,7 +91,7 @@ def prepare(workload: Workload, config: SimConfig) -> Prepared:
                 "dram_bytes": int(config.dram_bytes), "ssd_bytes": int(config.ssd_bytes),
                 "chunk_tokens": config.chunk_tokens or cost.device.chunk_tokens,
                 "core_options": dict(config.core_options)}
-    return Prepared(wl, Replay(wl, config.replay), config, ctx_args)
+    return Prepared(wl, Replay(wl, settings), config, ctx_args, dropped)
 
 
 def run_policy(prep: Prepared, name: str, progress=None) -> RunResult:
@@ -171,7 +177,8 @@ def report(prep: Prepared, policies: list[str], refs: list[str],
     out: dict = {
         "settings": {
             **{k: v for k, v in asdict(prep.config).items() if k != "replay"},
-            **asdict(prep.config.replay),
+            **asdict(prep.replay.settings),
+            "context_dropped_requests": prep.context_dropped,
             **prep.ctx_args,
             "cost_model": cost.describe(),
             "wall_s": round(wall_s, 2),

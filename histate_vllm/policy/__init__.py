@@ -47,8 +47,10 @@ def make_policy(
     max_intermediate: cap on interval checkpoints per request (required ones always kept).
     record: a file to record every call into (replay with record.replay); default: the
         HISTATE_POLICY_RECORD environment variable, if set.
-    options: histate only: tau (s, GDS time scale), terminal_alpha (EMA weight of terminal
-        reuse), terminal_reuse (fix q instead), kv_bytes_per_token (for M; else learned).
+    options: histate only: tau (s, GDS time scale; default: learned from reuse intervals),
+        terminal_alpha (EMA weight of terminal reuse), terminal_reuse (fix q instead),
+        kv_bytes_per_token (for M; else learned), keep_backups (SSD never drops the backup
+        copy of what DRAM holds: restarts keep more, the tiers' capacities do not add up).
     """
     if record == "":
         # "{pid}" in the path keeps the engines of one test run apart.

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from . import events as ev
 from .index import MANAGED, TIER_BIT, Entry, Node
+from .placement import is_backup
 from .types import Admission, Item, Kind, Tier, key_group
 
 _DRAM, _SSD = TIER_BIT[Tier.DRAM], TIER_BIT[Tier.SSD]
@@ -21,6 +22,10 @@ _NAME = {t: t.name for t in Tier}
 
 def _by_position(it: Item) -> int:
     return it.position
+
+
+def _spill_keep_order(e: Entry) -> tuple[bool, int]:
+    return (e.kind is _STATE, e.node.position)
 
 
 def _rollback_order(x: tuple[Entry, Item, bool]) -> tuple[int, int]:
@@ -159,8 +164,14 @@ class Residency:
                 self._res_changed(e)
             done.append((e, it, new))
         out = Admission()
+        # Writing a backup (SSD copy of what DRAM holds) may displace other backups, never
+        # data held nowhere else.
+        units = self.ev.keep_backups or not (tier is Tier.SSD and done and all(
+            (e.resident | e.pending) & _DRAM and is_backup(e) for e, _, _ in done))
+        spilled: list[Entry] = []
         if used[tier] > budget:
-            self._make_room(tier, out.evict)
+            self._make_room(tier, out.evict, units,
+                            spilled if tier is Tier.DRAM and self.budgets[Tier.SSD] else None)
             if used[tier] > budget:
                 # Roll back deepest first (a state before the KV of its own block).
                 done.sort(key=_rollback_order)
@@ -168,6 +179,8 @@ class Residency:
                     e, it, _ = done.pop()
                     self._forget(e, tier)
                     self._emit(ev.REJECT, it, tier, f"no room in {_NAME[tier]}", it.request_id)
+        if spilled:
+            self._settle_spills(spilled, out)
         accepted = out.accepted
         emit = self._emit
         for e, it, new in done:
@@ -199,8 +212,30 @@ class Residency:
         if n.kv and len(n.kv) == len(self._groups[_KV]):
             self.interval.observe_kv_chunk(sum(e.nbytes for e in n.kv.values()))
 
-    def _make_room(self, tier: Tier, out: list[tuple[bytes, Tier]]) -> None:
-        """Demote, then evict GDS units, until `tier` fits its budget or nothing can go."""
+    def _settle_spills(self, spilled: list[Entry], out: Admission) -> None:
+        """Make SSD room for what DRAM pressure moved there; what still does not fit is
+        deleted (checkpoints first, then KV deepest first, each KV chunk with the checkpoints
+        below it). The rest the manager copies from DRAM (`spill`)."""
+        ssd = Tier.SSD
+        if self.used[ssd] > self.budgets[ssd]:
+            self._make_room(ssd, out.evict)
+        # Delete checkpoints before KV, deepest KV first: no checkpoint loses its path.
+        spilled.sort(key=_spill_keep_order)
+        while spilled and self.used[ssd] > self.budgets[ssd]:
+            e = spilled.pop()
+            if not e.pending & _SSD:
+                continue  # went with a KV chunk above it
+            self._emit(ev.EVICT, e, ssd, "no room on SSD for a DRAM eviction")
+            # A KV chunk takes the checkpoints below it along (`demotions` names them).
+            self._lose(e, ssd, "no room on SSD")
+        out.spill.extend(e.key for e in spilled if e.pending & _SSD)
+
+    def _make_room(self, tier: Tier, out: list[tuple[bytes, Tier]], units: bool = True,
+                   spill: list[Entry] | None = None) -> None:
+        """Demote, then evict GDS units, until `tier` fits its budget or nothing can go.
+
+        units=False: stage 1 only. `spill` (DRAM only): a GDS unit's DRAM-only copies move
+        to SSD (pending there, appended to `spill`) instead of being deleted."""
         budget = self.budgets[tier]
         if self.used[tier] <= budget:
             return
@@ -209,16 +244,28 @@ class Residency:
         other = Tier.SSD if tier == Tier.DRAM else Tier.DRAM
         while self.used[tier] > budget:
             self._flush()
-            e = self.ev.next_copy(tier, aside_c)
+            e = self.ev.next_copy(tier, aside_c, spill is not None)
             if e is not None:
-                self._emit(ev.DEMOTE, e, tier, f"{tier.name} full; a copy stays in {other.name}")
+                if not e.resident & TIER_BIT[other]:  # a KV chunk in DRAM only: moves down
+                    e.pending |= _SSD
+                    self.used[Tier.SSD] += e.nbytes
+                    spill.append(e)  # type: ignore[union-attr]
+                    self._emit(ev.DEMOTE, e, tier, "DRAM full; moves to SSD")
+                else:
+                    self._emit(ev.DEMOTE, e, tier,
+                               f"{tier.name} full; a copy stays in {other.name}")
                 out.append((e.key, tier))
                 self._forget(e, tier)
                 continue
+            if not units:
+                break
             r = self.ev.next_unit(tier, aside_u)
             if r is None:
                 break
-            self._evict_unit(r[0], r[1], tier, out, r[2])
+            if spill is not None:
+                self._spill_unit(r[0], r[1], out, r[2], spill)
+            else:
+                self._evict_unit(r[0], r[1], tier, out, r[2])
         self.ev.put_back(tier, aside_u, aside_c)
 
     def _evict_unit(self, n: Node, h: float, tier: Tier, out: list[tuple[bytes, Tier]],
@@ -240,6 +287,22 @@ class Residency:
                         emit(ev.EVICT, e.key, m.hash, t, e.kind, m.position, reason, "", None, h)
                     out.append((e.key, t))
                     forget(e, t, now)
+
+    def _spill_unit(self, n: Node, h: float, out: list[tuple[bytes, Tier]],
+                    entries: list[Entry], spill: list[Entry]) -> None:
+        """DRAM pressure on a GDS unit: its DRAM copies go, each kept as an SSD copy."""
+        reason = f"GDS unit for DRAM: H={h:.3f}; moves to SSD"
+        used = self.used
+        for e in entries:
+            if not e.resident & _DRAM:
+                continue
+            if not (e.resident | e.pending) & _SSD:
+                e.pending |= _SSD
+                used[Tier.SSD] += e.nbytes
+                spill.append(e)
+            self._emit(ev.DEMOTE, e, Tier.DRAM, reason)
+            out.append((e.key, Tier.DRAM))
+            self._forget(e, Tier.DRAM)
 
     def committed(self, key: bytes, tier: Tier, ok: bool) -> None:
         e = self.index.entries.get(key)

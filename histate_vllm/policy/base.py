@@ -40,6 +40,10 @@ class PolicyCore(ABC):
         Returns None when nothing is accepted and nothing evicted (no state changed). If
         room could not be made after all (pinned or in-flight data), `accepted` may be empty
         while `evict` is not: apply the evictions anyway.
+        `spill` (DRAM admissions, histate): keys whose DRAM copy is in `evict` but which move
+        to SSD, already pending there: copy each from its DRAM copy, then `committed(key,
+        SSD, ok)`; free the DRAM copy only once the copy is done. A write that cannot be
+        done is reported with ok=False.
         """
 
     @abstractmethod

@@ -17,7 +17,7 @@ from . import events as ev
 from .admission import Residency
 from .base import PolicyCore
 from .events import Event, EventLog
-from .eviction import Evictor
+from .eviction import Evictor, TauModel
 from .index import MANAGED, TIER_BIT, Entry, Node, PrefixIndex
 from .interval import Ema
 from .lookup import lookup
@@ -44,9 +44,10 @@ class HiStatePolicy(Residency, PolicyCore):
         clock,
         identity: bytes = b"",
         *,
-        tau: float = 120.0,
+        tau: float | None = None,
         terminal_alpha: float = 0.05,
         terminal_reuse: float | None = None,
+        keep_backups: bool = False,
         kv_groups: Sequence[int] | None = None,
         state_groups: Sequence[int] | None = None,
         kv_bytes_per_token: float | None = None,
@@ -57,7 +58,10 @@ class HiStatePolicy(Residency, PolicyCore):
         self.clock = clock
         self.identity = identity
         self.log = EventLog(clock)
-        self.ev = Evictor(None, tau)  # type: ignore[arg-type]
+        self.tau_model = TauModel(fixed=tau)
+        self.ev = Evictor(None, self.tau_model.value)  # type: ignore[arg-type]
+        self.ev.keep_backups = bool(keep_backups)
+        self.ev.move_down = not keep_backups
         self.index = PrefixIndex(planner.block_tokens, self.ev.dirty)
         self.ev.index = self.index
         self._dprefix = self._prefix(None)
@@ -182,6 +186,26 @@ class HiStatePolicy(Residency, PolicyCore):
         self._forget(e, tier)
         return False
 
+    def manifest_keys(self, key: bytes) -> list[bytes] | None:
+        """The KV keys of every block before the checkpoint `key` (root first, groups in
+        order): what its SSD manifest names. None if a block's KV is not held."""
+        e = self.index.entries.get(key)
+        if e is None:
+            return None
+        groups = self._sorted_groups[0]
+        out: list[bytes] = []
+        x: Node | None = e.node
+        while x is not None:
+            kv = x.kv
+            for g in reversed(groups):
+                ke = kv.get(g)
+                if ke is None:
+                    return None
+                out.append(ke.key)
+            x = x.parent
+        out.reverse()
+        return out
+
     def demotions(self, tier: Tier) -> list[bytes]:
         out, self._drops[tier] = self._drops.get(tier, []), []
         if tier != Tier.DRAM:
@@ -239,7 +263,7 @@ class HiStatePolicy(Residency, PolicyCore):
             if e is None:
                 continue
             e.touch = tick
-            if e.resident == _BOTH:  # only copies held twice have a stage-1 (LRU) entry
+            if e.resident & _DRAM:  # DRAM copies have a stage-1 (LRU) entry to refresh
                 edirty[e] = None
             n = e.node
             if e.kind is _STATE:
@@ -252,6 +276,8 @@ class HiStatePolicy(Residency, PolicyCore):
             return
         if deepest_state is not None:
             self.terminal_ema.update(1.0 if deepest_state.live_children == 0 else 0.0)
+            if self.tau_model.observe(now - deepest_state.t_last):
+                self.ev.set_tau(self.tau_model.value)
         x: Node | None = top
         while x is not None:  # refresh-all along the matched path
             if x.st or x is top:
@@ -332,6 +358,7 @@ class HiStatePolicy(Residency, PolicyCore):
     def plan_captures(self, request_id, block_hashes, num_prompt_tokens, hit_tokens,
                       identity=None) -> list[int]:
         hit = self.restorable(block_hashes, identity=identity)
+        self._observe_fork(block_hashes, hit.shared, identity)
         plan = self.planner.plan(num_prompt_tokens, hit_tokens, hit.position, hit.shared)
         positions = [p for p in plan.positions if p != hit.position]
         plans = self.plans
@@ -349,6 +376,18 @@ class HiStatePolicy(Residency, PolicyCore):
         self.log.emit(ev.PLAN, request_id=request_id, positions=positions, position=hit.position,
                       reason=plan.reason)
         return positions
+
+    def _observe_fork(self, block_hashes, shared: int, identity) -> None:
+        """An internal hit: the prompt leaves a cached context that continues past `shared`."""
+        forks = self.planner.forks
+        bt = self.planner.block_tokens
+        nb = shared // bt
+        if forks is None or nb == 0 or nb >= len(block_hashes):
+            return
+        prefix = self._prefix(identity)
+        n = self.index.nodes.get(prefix + block_hashes[nb - 1])
+        if n is not None and n.children:
+            forks.observe(shared)
 
     def request_finished(self, request_id: str) -> None:
         self.plans.pop(request_id, None)

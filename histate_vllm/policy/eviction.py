@@ -16,8 +16,15 @@ every checkpoint above it (refresh-all). A unit with a pinned or pending key is 
 is an orphan of a request whose capture plan is still open; evicting a unit deletes its
 copies in every tier (the KV it frees is used by no other checkpoint).
 
-Before any unit is deleted, "demote before delete" (stage 1) drops DRAM copies that SSD
-also holds, in placement order (placement.py), least recently touched first.
+Before any unit is deleted, "demote before delete" (stage 1) drops copies the other tier also
+holds, in placement order (placement.py), least recently touched first: from DRAM, copies SSD
+backs; from SSD, backups of what DRAM holds. Under DRAM pressure with an SSD tier, a stage-2
+unit is not deleted but spilled: its DRAM-only copies move to SSD (admission.py), so the two
+tiers hold disjoint data once SSD is under pressure and their capacities add up.
+
+tau is derived online (`TauModel`): the EMA of observed reuse intervals (time from a
+checkpoint's last access to the hit that reuses it), so a unit whose removal would cost a
+full recomputation of its bytes lives about one typical reuse interval longer than free data.
 
 Scores are recomputed lazily: mutations of structure or residency mark nodes dirty, `flush`
 recomputes their C, seg and M and pushes fresh heap entries; a heap entry is valid only if its
@@ -32,6 +39,9 @@ import heapq
 import itertools
 
 from .index import MANAGED, TIER_BIT, Entry, Node, PrefixIndex
+from .types import Kind
+
+_KV = Kind.KV
 from .placement import stage1_rank
 
 _BOTH = TIER_BIT[MANAGED[0]] | TIER_BIT[MANAGED[1]]
@@ -63,10 +73,44 @@ def unit_bytes(entries: list[Entry], bit: int) -> int:
     return sum(e.nbytes for e in entries if e.resident & bit)
 
 
+class TauModel:
+    """GDS time scale from observed reuse: the EMA of (hit time - t_last) over hits on a
+    checkpoint, in effect once `min_samples` reuses were seen (until then `initial`).
+    `fixed` pins tau (sensitivity runs, tests)."""
+
+    def __init__(self, initial: float = 120.0, fixed: float | None = None,
+                 alpha: float = 0.05, min_samples: int = 16):
+        self.value = float(fixed if fixed is not None else initial)
+        self.fixed = fixed is not None
+        self.alpha = alpha
+        self.min_samples = min_samples
+        self.count = 0
+        self._ema: float | None = None
+
+    def observe(self, seconds: float) -> bool:
+        """One reuse interval; True if tau changed."""
+        if self.fixed:
+            return False
+        x = seconds if seconds > 0.0 else 0.0
+        self._ema = x if self._ema is None else self._ema + self.alpha * (x - self._ema)
+        self.count += 1
+        if self.count < self.min_samples or self._ema <= 0.0:
+            return False
+        self.value = self._ema
+        return True
+
+
 class Evictor:
     def __init__(self, index: PrefixIndex, tau: float):
         self.index = index
         self.tau = tau
+        self.tau_pushed = tau  # the tau of the scores in the heaps
+        # True: SSD never drops a backup (every DRAM copy stays backed on SSD: the mirror
+        # that restarts want, at the cost of DRAM capacity that does not add to SSD's).
+        self.keep_backups = False
+        # True: DRAM and SSD are one hierarchy: DRAM's stage 1 also moves KV chunks held
+        # only in DRAM down to SSD, in the order it drops backed copies (rank, then LRU).
+        self.move_down = True
         self.q = 0.5  # set by the core from its terminal-reuse EMA before each flush
         self.token_bytes = 1.0  # bytes of one token of KV (all groups), set by the core
         self.dirty: dict[Node, None] = {}
@@ -86,6 +130,16 @@ class Evictor:
 
     def mark_entry(self, e: Entry) -> None:
         self.edirty[e] = None
+
+    def set_tau(self, tau: float) -> None:
+        """A hit only re-queues entries whose H grew; a smaller tau lowers every H, so once
+        tau drifts by more than a quarter from the heaps' tau, re-score every unit."""
+        self.tau = tau
+        if abs(tau - self.tau_pushed) > 0.25 * self.tau_pushed:
+            self.tau_pushed = tau
+            for n in self.index.nodes.values():
+                if n.cost is not None:
+                    self.dirty[n] = None
 
     # -- re-scoring ---------------------------------------------------------------------------
     def _set_seg(self, n: Node, seg: list[Node]) -> None:
@@ -180,16 +234,20 @@ class Evictor:
                     edirty[e] = None
         if edirty:
             entries = self.index.entries
+            move = self.move_down
             for e in edirty:
-                if e.resident != _BOTH:  # one tier only: no stage-1 entry (stale ones fail)
+                r = e.resident
+                # Stage-1 entries: copies held twice; with move_down also KV chunks held in
+                # DRAM only (they move to SSD). Stale entries fail the test in next_copy.
+                if r != _BOTH and not (move and r == bd and e.kind is _KV):
                     continue
                 live = entries.get(e.key) is e
                 for t in MANAGED:
                     e.sver[t] = v = next(ver)
-                    if not live:
+                    if not live or (t is ts and r != _BOTH):
                         continue
                     rank = stage1_rank(e, t)
-                    if rank is not None:
+                    if rank is not None and not (self.keep_backups and t is ts):
                         push(self.sheaps[t], (rank, e.touch, e.key, v, e))
             edirty.clear()
         lim_n = 2 * self.n_units + 1024
@@ -210,8 +268,9 @@ class Evictor:
             heapq.heapify(self.sheaps[t])
 
     # -- candidates ---------------------------------------------------------------------------
-    def next_copy(self, t: int, aside: list) -> Entry | None:
-        """Stage 1: the next droppable copy in tier t that another tier also holds."""
+    def next_copy(self, t: int, aside: list, move: bool = False) -> Entry | None:
+        """Stage 1: the next copy to drop from tier t: one another tier also holds, or
+        (`move`, DRAM, `move_down`) a KV chunk held only in DRAM, which moves to SSD."""
         heap = self.sheaps[t]
         bit = TIER_BIT[t]
         entries = self.index.entries
@@ -220,7 +279,15 @@ class Evictor:
             e = top[4]
             if top[3] != e.sver[t] or entries.get(e.key) is not e:
                 continue
-            if not (e.resident & bit) or not (e.resident & ~bit):
+            if not e.resident & bit:
+                continue
+            if not e.resident & ~bit:
+                if not (self.move_down and t is MANAGED[0] and e.kind is _KV):
+                    continue
+                if not move:
+                    aside.append(top)
+                    continue
+            if stage1_rank(e, t) is None:  # rank changed since the push (leaf -> inner)
                 continue
             if e.pins or e.pending:
                 aside.append(top)

@@ -2,6 +2,11 @@
 terminal (leaf) checkpoints DRAM; a fast copy is demoted (dropped while a slower one stays)
 before anything is deleted.
 
+DRAM and SSD are one hierarchy whose capacity adds up: a copy held in both tiers where DRAM
+is its home (a KV chunk, a terminal checkpoint) is on SSD only so that a restart finds it (a
+"backup"). Backups are the first to give up SSD space, and writing one never deletes data
+held nowhere else; what DRAM pressure evicts moves to SSD (eviction.py, admission.py).
+
 A hit reads every KV chunk before the resume point but exactly one checkpoint, so DRAM
 bytes are worth most as KV; a historical checkpoint is read at most once per fork.
 """
@@ -25,17 +30,24 @@ def keep_copy(e: Entry, tier: Tier) -> bool:
     return is_leaf_state(e)
 
 
-def stage1_rank(e: Entry, tier: int) -> int | None:
-    """Order in which backed copies are dropped from `tier` under pressure (lowest first).
+def stage1_rank(e: Entry, tier: Tier) -> int | None:
+    """Order in which copies held in both tiers are dropped from `tier` under pressure
+    (lowest first, then least recently touched). None: never dropped by stage 1.
 
-    None: never dropped by stage 1. DRAM demotes (its copies are backed by SSD): historical
-    checkpoints first, then terminal ones, KV chunks last. SSD is the last tier, the backing
-    copy of everything DRAM holds (and what survives a restart): dropping an SSD copy because
-    DRAM also holds it would only turn safe data into data that DRAM pressure then deletes,
-    so SSD never demotes; its pressure goes straight to GDS units.
+    DRAM demotes (its copies are backed by SSD): historical checkpoints first, then terminal
+    ones, KV chunks last. SSD drops backups (copies whose home is DRAM, kept on SSD for a
+    restart): KV chunks first (a restart without them still finds shorter prefixes), then
+    terminal checkpoints. A historical checkpoint's SSD copy is its home: never a backup.
     """
-    if tier != Tier.DRAM:
-        return None
-    if e.kind == Kind.STATE:
-        return 1 if is_leaf_state(e) else 0
-    return 2
+    if tier == Tier.DRAM:
+        if e.kind == Kind.STATE:
+            return 1 if is_leaf_state(e) else 0
+        return 2
+    if e.kind == Kind.KV:
+        return 0
+    return 1 if is_leaf_state(e) else None
+
+
+def is_backup(e: Entry) -> bool:
+    """An SSD copy (or one being written) of a key whose home is DRAM, which DRAM holds."""
+    return e.kind == Kind.KV or is_leaf_state(e)

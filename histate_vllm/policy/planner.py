@@ -5,13 +5,15 @@ boundary before it), the point where reused history ended when no managed checkp
 there, and a learned boundary (Gufo): the end of the longest cached prefix when it reaches
 >= `learn_min_tokens` past the deepest restorable checkpoint. Intermediate: every I* tokens of
 the new segment [start, prompt end), I* from `IntervalModel`, at most `max_intermediate` of
-them (thinned evenly). Every position is a multiple of the block size and > the resume point.
+them (thinned evenly), then moved towards where internal hits were observed to land
+(forks.py). Every position is a multiple of the block size and > the resume point.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .forks import ForkDepths, place
 from .interval import IntervalModel
 
 PROMPT_END = "prompt_end"
@@ -36,6 +38,7 @@ class CapturePlanner:
         self.model = model
         self.learn_min_tokens = learn_min_tokens
         self.max_intermediate = max_intermediate
+        self.forks: ForkDepths | None = ForkDepths()
 
     def prompt_end(self, num_prompt_tokens: int) -> int:
         bt = self.block_tokens
@@ -71,6 +74,11 @@ class CapturePlanner:
                 step = len(points) / self.max_intermediate
                 points = [points[int(i * step)] for i in range(self.max_intermediate)]
                 notes.append(f"intermediate points capped at {self.max_intermediate}")
+            if self.forks is not None and self.model.fixed is None:
+                observed = self.forks.inside(start, end)
+                if observed and points:
+                    points = place(start, end, len(points), points, observed, bt)
+                    notes.append(f"placed for {len(observed)} observed fork depths")
             for p in points:
                 labels.setdefault(p, INTERVAL)
         positions = sorted(labels)

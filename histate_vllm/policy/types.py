@@ -61,6 +61,10 @@ class Admission:
 
     accepted: list[bytes] = field(default_factory=list)
     evict: list[tuple[bytes, Tier]] = field(default_factory=list)
+    # Keys whose DRAM copy is in `evict` but which move to SSD (DRAM pressure, HiState's
+    # hierarchy): pending on SSD; copy each from DRAM, then commit it there, before the DRAM
+    # copy is freed.
+    spill: list[bytes] = field(default_factory=list)
 
 
 class Hit:

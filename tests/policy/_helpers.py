@@ -61,6 +61,9 @@ class FakeManager:
         for k, t in adm.evict:
             assert k in self.stored[t], f"told to drop {k!r} from {t.name} which it never held"
             self.stored[t].discard(k)
+        for k in adm.spill:  # moved to SSD: copied from DRAM at once
+            self.core.committed(k, Tier.SSD, True)
+            self.stored[Tier.SSD].add(k)
         for k in adm.accepted:
             assert k not in self.stored[tier] and k not in self.pending[tier]
             self.pending[tier].add(k)

@@ -3,8 +3,11 @@
 It reads only the primary state of a policy (tree links, entries, residency, pins, t_last,
 touch order) and re-derives liveness, units, costs, scores and placement ranks without any of
 the incremental machinery, then evicts one candidate at a time exactly as the contract says:
-stage 1 (DRAM copies SSD also holds, placement rank, then least recently touched),
-then stage 2 (the unit with the lowest H = t_last + tau*C/M, ties by node id).
+stage 1 (copies the other tier also holds: from DRAM what SSD backs, and when spilling KV
+chunks held in DRAM only, which move to SSD; from SSD the backups of KV chunks and terminal
+checkpoints DRAM holds; placement rank, then least recently touched),
+then stage 2 (the unit with the lowest H = t_last + tau*C/M, ties by node id): deleted in
+every tier, or with `spill` (DRAM pressure, an SSD tier) its DRAM copies move to SSD.
 """
 
 from __future__ import annotations
@@ -40,10 +43,12 @@ def snapshot(p):
         "token_bytes": p.ev.token_bytes,
         "protected": set(p.ev.protected_reqs),
         "used": dict(p.used),
+        "budgets": dict(p.budgets),
     }
 
 
-def reference_evictions(snap, tier: Tier, budget: int) -> list[tuple[bytes, Tier]]:
+def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
+                        spill: bool = False) -> list[tuple[bytes, Tier]]:
     nodes: dict[bytes, N] = snap["nodes"]
     used = dict(snap["used"])
     out: list[tuple[bytes, Tier]] = []
@@ -91,16 +96,28 @@ def reference_evictions(snap, tier: Tier, budget: int) -> list[tuple[bytes, Tier
         best = None
         for n in nodes.values():
             for e in n.kv + n.st:
-                if not (e.resident & bit and e.resident & ~bit) or e.pins or e.pending:
+                if not e.resident & bit or e.pins or e.pending:
                     continue
-                if tier != Tier.DRAM:
-                    continue  # SSD never demotes
-                rank = (1 if is_leaf(n) else 0) if e.kind == Kind.STATE else 2
+                if not e.resident & ~bit and not (spill and tier == Tier.DRAM
+                                                  and e.kind == Kind.KV):
+                    continue  # held once: only a KV chunk moves down (from DRAM, spilling)
+                if tier == Tier.DRAM:
+                    rank = (1 if is_leaf(n) else 0) if e.kind == Kind.STATE else 2
+                elif e.kind == Kind.KV:
+                    rank = 0
+                elif is_leaf(n):
+                    rank = 1
+                else:
+                    continue  # a historical checkpoint's SSD copy is its home
+
                 k = (rank, e.touch, e.key)
                 if best is None or k < best[0]:
                     best = (k, e, n)
         if best is not None:
             _, e, n = best
+            if not e.resident & ~bit:
+                e.pending |= BIT[Tier.SSD]
+                used[Tier.SSD] += e.nbytes
             e.resident &= ~bit
             used[tier] -= e.nbytes
             out.append((e.key, tier))
@@ -108,6 +125,8 @@ def reference_evictions(snap, tier: Tier, budget: int) -> list[tuple[bytes, Tier
             continue
 
         # Stage 2: GDS units.
+        if not units:
+            break
         q, tau, tb = snap["q"], snap["tau"], snap["token_bytes"]
         cands = []
         for n in nodes.values():
@@ -138,6 +157,17 @@ def reference_evictions(snap, tier: Tier, budget: int) -> list[tuple[bytes, Tier
         if not cands:
             break
         _, _, ents = min(cands, key=lambda x: (x[0], x[1]))
+        if spill and tier == Tier.DRAM:
+            ssd = BIT[Tier.SSD]
+            for e in ents:
+                if e.resident & bit:
+                    if not (e.resident | e.pending) & ssd:
+                        e.pending |= ssd
+                        used[Tier.SSD] += e.nbytes
+                    e.resident &= ~bit
+                    used[tier] -= e.nbytes
+                    out.append((e.key, tier))
+            continue
         for e in ents:
             for t in TIERS:
                 if e.resident & BIT[t]:

@@ -288,9 +288,10 @@ def test_data_from_before_a_restart_goes_before_new_sessions():
     core.check_invariants()
 
 
-def test_ssd_pressure_deletes_units_and_never_strands_data_in_dram():
-    """SSD is the backing copy: under SSD pressure a whole GDS unit goes (both tiers), never
-    just the SSD copies of what DRAM also holds (which DRAM pressure would then delete)."""
+def test_ssd_pressure_drops_restart_backups_first():
+    """DRAM and SSD add up: an SSD copy of what DRAM holds (a KV chunk, a terminal checkpoint)
+    exists only so a restart finds it, so under SSD pressure it goes first (least recently
+    touched first, KV before checkpoints) and nothing is deleted: every prefix stays restorable."""
     core, mgr, clock = build(terminal_reuse=0.5)
     a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")
     store(mgr, a, 8, [8])
@@ -299,10 +300,26 @@ def test_ssd_pressure_deletes_units_and_never_strands_data_in_dram():
     mgr.copy_down()
     ev = core.set_budget(Tier.SSD, core.usage(Tier.SSD) - 1)
     mgr.drop(ev)
-    gone = {k for k, _ in ev}
-    assert state_key(a, 8) in gone and {t for _, t in ev} == {Tier.DRAM, Tier.SSD}
-    for k in mgr.stored[Tier.DRAM]:
-        assert Tier.SSD in core.where(k)  # everything left in DRAM is still backed
-    assert core.restorable(b).position == 8 * BT and core.restorable(a).position == 0
+    assert len(ev) == 1 and ev[0][1] == Tier.SSD and ev[0][0].endswith(bytes(4))  # a KV chunk
+    assert core.where(ev[0][0]) == {Tier.DRAM}
+    assert core.restorable(b).position == 8 * BT and core.restorable(a).position == 8 * BT
     mgr.check()
+    core.check_invariants()
+
+
+def test_dram_pressure_moves_kv_to_ssd():
+    """What DRAM pressure evicts is moved to SSD (the manager copies it), not deleted: the
+    least recently touched KV chunks first; the terminal checkpoint keeps its DRAM home."""
+    core, mgr, clock = build(dram=12 * 256 + STB, terminal_reuse=0.5)
+    a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")
+    store(mgr, a, 8, [8])
+    clock.advance(100)
+    adm = core.admit([kv_item(b, i, BT, KVB) for i in range(8)], Tier.DRAM)
+    assert adm.spill and all(Tier.DRAM == t for k, t in adm.evict if k in adm.spill)
+    for k in adm.spill:
+        core.committed(k, Tier.SSD, True)
+    assert core.where(state_key(a, 8)) == {Tier.DRAM}
+    where = [core.where(make_key(h, 0)) for h in a]
+    assert where.count(frozenset({Tier.SSD})) == 4 and all(where)  # moved, none deleted
+    assert core.restorable(a).position == 8 * BT
     core.check_invariants()

@@ -70,10 +70,11 @@ def compare_admission_evictions(core):
     after the offered items were inserted as pending."""
     make_room = core._make_room
 
-    def checked(tier, out):
-        ref = reference_evictions(snapshot(core), tier, core.budgets[tier])
+    def checked(tier, out, units=True, spill=None):
+        ref = reference_evictions(snapshot(core), tier, core.budgets[tier], units,
+                                  spill is not None)
         n = len(out)
-        make_room(tier, out)
+        make_room(tier, out, units, spill)
         assert out[n:] == ref
 
     core._make_room = checked

@@ -89,7 +89,11 @@ def test_intermediate_checkpoints_serve_internal_hits():
     _, f32 = run(wl, "fixed-32", **kw)
     assert f32.hit[i] == 25000 // (32 * BS) * 32 * BS
     _, sg = run(wl, "sglang-hicache", chunk=8192, **kw)
-    assert sg.hit[i] == 3 * (8192 // BS * BS)  # its chunk-end states
+    assert sg.hit[i] == 0  # SGLang 0.5 no_buffer: no state per prefill chunk
+    _, sgc = run(wl, "sglang-hicache-chunks", chunk=8192, **kw)
+    assert sgc.hit[i] == 3 * (8192 // BS * BS)  # its chunk-end states
+    _, da = run(wl, "vllm-disk-align", chunk=8192, **kw)
+    assert da.hit[i] == 3 * (8192 // BS * BS)
 
 
 def test_junction_checkpoint_serves_the_next_fork():

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from .base import PolicyContext, SimPolicy
-from .histate import AlignAblation, Fixed32Ablation, HiState, LruDiskAblation
-from .sglang import SglangHiCache
+from .histate import AlignAblation, Fixed32Ablation, HiState, LruDiskAblation, MirrorAblation
+from .sglang import SglangHiCache, SglangHiCacheChunks
 from .unlimited import Unlimited
-from .vllm import VllmCpu, VllmDisk, VllmMarconi
+from .vllm import VllmCpu, VllmDisk, VllmDiskAlign, VllmMarconi
 
 _CLASSES: dict[str, type[SimPolicy]] = {
     c.name: c
     for c in (HiState, VllmMarconi, VllmCpu, VllmDisk, SglangHiCache, Unlimited,
-              AlignAblation, Fixed32Ablation, LruDiskAblation)
+              AlignAblation, Fixed32Ablation, LruDiskAblation, MirrorAblation,
+              VllmDiskAlign, SglangHiCacheChunks)
 }
 POLICIES = tuple(_CLASSES)
 BASELINES = ("vllm-marconi", "vllm-cpu", "vllm-disk", "sglang-hicache")
-ABLATIONS = ("align", "fixed-32", "lru-disk")
+VARIANTS = ("vllm-disk-align", "sglang-hicache-chunks")  # ambiguous baselines, side by side
+ABLATIONS = ("align", "fixed-32", "lru-disk", "histate-mirror")
 
 
 def make(name: str, ctx: PolicyContext) -> SimPolicy:
@@ -26,4 +28,4 @@ def make(name: str, ctx: PolicyContext) -> SimPolicy:
     return cls(ctx)
 
 
-__all__ = ["ABLATIONS", "BASELINES", "POLICIES", "PolicyContext", "SimPolicy", "make"]
+__all__ = ["ABLATIONS", "BASELINES", "VARIANTS", "POLICIES", "PolicyContext", "SimPolicy", "make"]

@@ -1,32 +1,35 @@
-"""HiState in the simulator: the real `histate_vllm.policy` core driven as the vLLM connector's
-manager (histate_vllm/manager.py) drives it, over the same vLLM-like GPU prefix cache as the
-baselines.
+"""HiState in the simulator: the real `histate_vllm.policy` core and the connector manager's
+orchestration (`histate_vllm.orchestration.Orchestrator`, the object HiStateManager drives),
+over the same vLLM-like GPU prefix cache as the baselines.
 
-Per request:
+Per request, the calls vLLM makes on the manager, with every transfer completing at once:
 * lookup: GPU hit g from vLLM's prefix cache; then, as vLLM's offloading scheduler does
-  through `manager.lookup`, the KV chunks held in DRAM/SSD from block g on and the deepest
-  state among them give the offload hit p. If p > g, the KV of blocks [g, p) and the state at
-  p are loaded from their fastest tier (pinned and `hit()` like `prepare_load`, unpinned when
-  loaded).
-  Then `plan_captures(request, blocks, L, resume)`: the prefill leaves states exactly there
-  (HiState's scheduler ends prefill chunks at planned positions).
-* prefilled: like `prepare_store` + `take_ssd_writes`: every full block's KV not yet held is
-  offered to DRAM, then each planned state (in position order, `terminal` at the prompt end);
-  what DRAM accepted is committed and copied to SSD (KV first; a state only once every KV
-  chunk before it is on SSD); after each SSD commit `keep()` decides whether the DRAM copy
-  stays. Evictions the core names are dropped from the books.
+  through `manager.lookup`, the KV chunks readable from block g on and the deepest state
+  among them give the offload hit p. If p > g, the KV of blocks [g, p) and the state at p
+  are loaded (`prepare_load`: pinned and hit; a DRAM slot or SSD per key), unpinned when
+  loaded. Then the capture plan (`note_hit` + `plan`): the prefill leaves states exactly
+  there (HiState's scheduler ends prefill chunks at planned positions).
+* prefilled: `offer` (vLLM's `prepare_store`: per block its KV key, and its state key where
+  the prefill left a state), `complete_store`, then `take_ssd_writes` and `on_ssd_written`.
 * finished: the GPU blocks are freed; `request_finished`.
-Writes complete instantly (the SSD write queue is assumed to keep up; it is off the TTFT
+SSD writes complete instantly (the write queue is assumed to keep up; it is off the TTFT
 path). Keys: 8-byte block id + 4-byte group (0 = attention KV, 1 = recurrent state).
 
 Variants (the paper's ablations, each changing one mechanism): `align` = checkpoint interval
 fixed to vLLM's prefill chunk (align-mode chunk ends), `fixed-32` = fixed 32-block interval,
-`lru-disk` = the core's `lru` policy (write-through, per-tier LRU) with HiState's planner.
+`lru-disk` = the core's `lru` policy (write-through, per-tier LRU) with HiState's planner,
+`histate-mirror` = SSD keeps every backup (restart survival vs capacity).
+
+Restart survival (stats): after each request is stored, the deepest position of its prompt
+restorable from SSD alone (KV chunks and a state there, all on SSD) against the deepest
+restorable from any tier; `restart_survival` = the ratio of their sums, i.e. the share of
+resumable tokens a restart at a random moment would keep.
 """
 
 from __future__ import annotations
 
-from histate_vllm.policy import Item, Kind, Tier, make_policy
+from histate_vllm.orchestration import BytePool, Orchestrator, headroom_bytes
+from histate_vllm.policy import Tier, make_policy
 
 from ..sim.gpu import GpuPrefixCache
 from ..sim.job import Job
@@ -35,9 +38,6 @@ from .base import PolicyContext, SimPolicy
 KV_GROUP, STATE_GROUP = 0, 1
 _KVS = KV_GROUP.to_bytes(4, "big")
 _STS = STATE_GROUP.to_bytes(4, "big")
-_DRAM, _SSD = Tier.DRAM, Tier.SSD
-_BIT = {Tier.DRAM: 1, Tier.SSD: 2}
-_D, _S = 1, 2
 
 
 class CoreAdapter(SimPolicy):
@@ -50,9 +50,15 @@ class CoreAdapter(SimPolicy):
         self.gpu = GpuPrefixCache(ctx.gpu_bytes, self.kvb, self.sb)
         if core == "histate":
             options = {**ctx.core_options, **options}
+        kvb, sb = self.kvb, self.sb
+        # One prefill chunk (a vLLM step) is offered at a time; DRAM slots of copies moving
+        # to SSD stay taken until their writes land, so the policy keeps one step's worth
+        # of DRAM free (`headroom_bytes`, as HiStateManager does).
+        self.step_blocks = max(1, ctx.chunk_tokens // self.B)
+        headroom = headroom_bytes(ctx.dram_bytes, self.step_blocks * (kvb + sb))
         self.core = make_policy(
             core,
-            budgets={_DRAM: ctx.dram_bytes, _SSD: ctx.ssd_bytes},
+            budgets={Tier.DRAM: ctx.dram_bytes - headroom, Tier.SSD: ctx.ssd_bytes},
             block_tokens=self.B,
             interval=interval,
             clock=ctx.clock,
@@ -60,23 +66,27 @@ class CoreAdapter(SimPolicy):
             state_groups=[STATE_GROUP],
             **options,
         )
-        # The manager's books: tiers holding a copy of each key (1 = DRAM, 2 = SSD).
-        self.book: dict[bytes, int] = {}
-        self.n = {"loads": 0, "dram_evictions": 0, "ssd_evictions": 0, "demotions": 0,
-                  "state_offers": 0, "states_admitted": 0, "ssd_state_skips": 0}
+        self.orch = Orchestrator(
+            self.core, BytePool(ctx.dram_bytes), block_tokens=self.B, kv_groups=[KV_GROUP],
+            state_groups=[STATE_GROUP], key_bytes=lambda is_state: sb if is_state else kvb,
+            has_ssd=ctx.ssd_bytes > 0,
+        )
+        self.n = {"loads": 0, "state_offers": 0, "states_stored": 0, "restorable_tokens": 0,
+                  "restorable_from_ssd_tokens": 0}
 
     # -- lookup ------------------------------------------------------------------------------
     def lookup(self, job: Job) -> None:
-        B, hl, limit, book = self.B, job.blocks, job.max_blocks, self.book
+        B, hl, limit, orch = self.B, job.blocks, job.max_blocks, self.orch
+        readable = orch.readable
         hb = job.hashes_bytes()
         g, k = self.gpu.hit(hl, limit)
         # vLLM's offloading scheduler asks the manager key by key from the GPU hit on: KV
         # chunks while they are held, then the deepest state among them.
         j = g
-        while j < limit and hb[j] + _KVS in book:
+        while j < limit and readable(hb[j] + _KVS):
             j += 1
         p = j
-        while p > g and hb[p - 1] + _STS not in book:
+        while p > g and not readable(hb[p - 1] + _STS):
             p -= 1
         job.shared = max(k, j) * B
         job.gpu_hit = g * B
@@ -84,19 +94,19 @@ class CoreAdapter(SimPolicy):
         if p > g:
             loaded = [h + _KVS for h in hb[g:p]]
             loaded.append(hb[p - 1] + _STS)
-            for key in loaded:
-                nbytes = self.sb if key.endswith(_STS) else self.kvb
-                if book[key] & _D:
+            slots, is_state = orch.prepare_load(loaded)
+            for slot, st in zip(slots, is_state):
+                nbytes = self.sb if st else self.kvb
+                if slot >= 0:
                     job.dram_bytes += nbytes
                 else:
                     job.ssd_bytes += nbytes
-            self.core.pin(loaded)
-            self.core.hit(loaded)
             self.n["loads"] += 1
             job.resume = p * B
         else:
             job.resume = g * B
-        job.captures = self.core.plan_captures(job.request_id, hb, job.input_tokens, job.resume)
+        orch.note_hit(job.request_id, job.resume)
+        job.captures = orch.plan(job.request_id, hb, job.input_tokens)
         held = list(hl[:g])
         if g:
             held.append(~hl[g - 1])
@@ -104,7 +114,7 @@ class CoreAdapter(SimPolicy):
         job.state = (held, loaded)
 
     def loaded(self, job: Job) -> None:
-        self.core.unpin(job.state[1])
+        self.orch.complete_load(job.state[1])
 
     # -- store -------------------------------------------------------------------------------
     def prefilled(self, job: Job) -> None:
@@ -123,101 +133,63 @@ class CoreAdapter(SimPolicy):
         self._offload(job)
 
     def _offload(self, job: Job) -> None:
-        B, core, book = self.B, self.core, self.book
+        """vLLM offers every block's KV key and, where the prefill left a state, its state
+        key; the manager stores what is new."""
+        B, orch = self.B, self.orch
         hb = job.hashes_bytes()
-        rid = job.request_id
-        kv_items = []
+        captures = set(job.captures)
+        step = self.step_blocks
+        for first in range(0, len(hb), step):  # one vLLM step per prefill chunk
+            keys: list[bytes] = []
+            positions: list[int] = []
+            for i in range(first, min(first + step, len(hb))):
+                pos = (i + 1) * B
+                keys.append(hb[i] + _KVS)
+                positions.append(pos)
+                if pos in captures:
+                    keys.append(hb[i] + _STS)
+                    positions.append(pos)
+                    self.n["state_offers"] += 1
+            stored, _, _ = orch.offer(job.request_id, keys, positions, hb, job.input_tokens)
+            self.n["states_stored"] += sum(k.endswith(_STS) for k in stored)
+            orch.complete_store(stored, True)
+            writes = orch.take_ssd_writes()
+            if writes:
+                orch.on_ssd_written({w.key: True for w in writes})
+        self._probe_restart(hb)
+
+    def _probe_restart(self, hb: list[bytes]) -> None:
+        entries, n = self.orch.entries, self.n
+        best_any = best_ssd = 0
+        all_ssd = True
         for i, h in enumerate(hb):
-            key = h + _KVS
-            if key not in book:
-                kv_items.append(Item(key, h, hb[i - 1] if i else None, Kind.KV, (i + 1) * B,
-                                     self.kvb, False, rid))
-        staged: list[Item] = []
-        if kv_items:
-            self._apply(core.admit(kv_items, _DRAM), _DRAM, {it.key: it for it in kv_items},
-                        staged)
-        end = job.prompt_end
-        for pos in job.captures:
-            i = pos // B - 1
-            key = hb[i] + _STS
-            if key in book:
-                continue
-            self.n["state_offers"] += 1
-            item = Item(key, hb[i], hb[i - 1] if i else None, Kind.STATE, pos, self.sb,
-                        pos >= end, rid)
-            if self._apply(core.admit([item], _DRAM), _DRAM, {key: item}, staged):
-                self.n["states_admitted"] += 1
-        if staged and self.ctx.ssd_bytes > 0:
-            self._write_ssd(staged, hb)
-
-    def _write_ssd(self, staged: list[Item], hb: list[bytes]) -> None:
-        core, book, B = self.core, self.book, self.B
-        on_ssd = None  # leading blocks whose KV is on SSD (computed when a state needs it)
-        for item in staged:
-            key = item.key
-            if not book.get(key, 0) & _D:
-                continue  # evicted from DRAM meanwhile: nothing to copy from
-            if item.kind is Kind.STATE:
-                if on_ssd is None:
-                    on_ssd = 0
-                    while on_ssd < len(hb) and book.get(hb[on_ssd] + _KVS, 0) & _S:
-                        on_ssd += 1
-                if on_ssd < item.position // B:
-                    self.n["ssd_state_skips"] += 1
-                    continue
-            adm = core.admit([item], _SSD)
-            if adm is None or key not in adm.accepted:
-                continue
-            if self._drop(adm.evict):
-                on_ssd = None
-            book[key] = book.get(key, 0) | _S
-            core.committed(key, _SSD, True)
-            if book[key] & _D and not core.keep(key, _DRAM):
-                book[key] &= ~_D
-                self.n["demotions"] += 1
-
-    def _apply(self, adm, tier: Tier, items: dict[bytes, Item], staged: list[Item]) -> bool:
-        if adm is None:
-            return False
-        self._drop(adm.evict)
-        bit = _BIT[tier]
-        book, core = self.book, self.core
-        for key in adm.accepted:
-            book[key] = book.get(key, 0) | bit
-            core.committed(key, tier, True)
-            staged.append(items[key])
-        return bool(adm.accepted)
-
-    def _drop(self, evict) -> bool:
-        """Forget evicted copies; True if an SSD copy of a KV chunk went."""
-        book = self.book
-        kv_ssd = False
-        for key, tier in evict:
-            bits = book.get(key)
-            if bits is None:
-                continue
-            bit = _BIT[tier]
-            if tier == _DRAM:
-                self.n["dram_evictions"] += 1
-            else:
-                self.n["ssd_evictions"] += 1
-                kv_ssd |= key.endswith(_KVS)
-            bits &= ~bit
-            if bits:
-                book[key] = bits
-            else:
-                del book[key]
-        return kv_ssd
+            e = entries.get(h + _KVS)
+            if e is None or not e.readable:
+                break
+            all_ssd = all_ssd and e.on_ssd
+            s = entries.get(h + _STS)
+            if s is not None and s.readable:
+                best_any = i + 1
+                if all_ssd and s.on_ssd:
+                    best_ssd = i + 1
+        n["restorable_tokens"] += best_any * self.B
+        n["restorable_from_ssd_tokens"] += best_ssd * self.B
 
     def finished(self, job: Job) -> None:
         self.gpu.release(reversed(job.state[0]))
-        self.core.request_finished(job.request_id)
+        self.orch.request_finished(job.request_id)
 
     def stats(self) -> dict:
         out = dict(self.n)
+        out.update(self.orch.stats)
         out["gpu_overcommit"] = self.gpu.overcommit
-        out["dram_used"] = self.core.usage(_DRAM)
-        out["ssd_used"] = self.core.usage(_SSD)
+        out["dram_used"] = self.core.usage(Tier.DRAM)
+        out["ssd_used"] = self.core.usage(Tier.SSD)
+        if out["restorable_tokens"]:
+            out["restart_survival"] = round(
+                out["restorable_from_ssd_tokens"] / out["restorable_tokens"], 4)
+        if hasattr(self.core, "tau_model"):
+            out["tau_s"] = round(self.core.ev.tau, 1)
         return out
 
 
@@ -247,3 +219,13 @@ class LruDiskAblation(CoreAdapter):
 
     def __init__(self, ctx: PolicyContext):
         super().__init__(ctx, core="lru")
+
+
+class MirrorAblation(CoreAdapter):
+    """HiState whose SSD never drops the backup of what DRAM holds (the write-through
+    mirror): what a restart finds against the capacity the two tiers add up to."""
+
+    name = "histate-mirror"
+
+    def __init__(self, ctx: PolicyContext):
+        super().__init__(ctx, keep_backups=True)

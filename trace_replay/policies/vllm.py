@@ -5,6 +5,8 @@
   boundary and shared-prefix junctions, Marconi-style").
 * vllm-cpu:  + write-through LRU offload of every KV block and checkpoint to DRAM.
 * vllm-disk: + write-through LRU offload to DRAM and to disk (LRU per tier).
+* vllm-disk-align: vllm-disk keeping, as align mode can, the state at every prefill chunk
+  end as well (the ambiguous variant; reported side by side).
 """
 
 from __future__ import annotations
@@ -32,3 +34,10 @@ class VllmDisk(TieredLru):
 
     def __init__(self, ctx: PolicyContext):
         super().__init__(ctx, dram=True, ssd=True)
+
+
+class VllmDiskAlign(TieredLru):
+    name = "vllm-disk-align"
+
+    def __init__(self, ctx: PolicyContext):
+        super().__init__(ctx, dram=True, ssd=True, chunk_states=True)

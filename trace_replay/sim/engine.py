@@ -3,8 +3,15 @@
 Closed loop, as in the HiState paper §4.1: at most `concurrency` main sessions are live; the
 first ones start at their recorded offsets (plus an optional ramp), and whenever a main
 session's last request finishes, the next one (seeded random order) starts. A subagent starts
-when its parent sends the request it was spawned after (plus the recorded offset). Within a
-session, request k+1 is sent `think_time` after request k's last output token.
+when its parent sends the request it was spawned after (plus the recorded offset, capped and
+scaled like a gap). Within a session, request k+1 is sent a gap after request k's last output
+token, as kv-cache-tester's `trace_replay_tester.py` (the replayer that publishes the Weka
+traces) does: gap = min(raw, max_delay) * time_scale, where raw is the recorded arrival gap
+t[k+1] - t[k] (`gap="arrival"`, its `original` timing) or the request's `think_time`
+(`gap="think"`, its `think-only` timing; Weka's think_time counts from the last request that
+has an api_time, so it overstates gaps). A context limit ends a session at its first request
+longer than it (kv-cache-tester's --max-context: the user is "truncated"); the subagents it
+would have spawned from then on are not replayed either (`limit_context`).
 
 Each request: arrival -> restore (one host-to-device link, FIFO; SSD reads add their own
 time, paper eq. 2) -> prefill (one compute queue, FIFO, i.e. vLLM's FCFS scheduler with the
@@ -15,15 +22,18 @@ included) -> decode (output_tokens steps; decode does not hold the prefill queue
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..costmodel import CostModel
-from ..model import Workload
+from msgspec.structs import replace as replace_struct
+
+from ..model import Session, Workload
 from .job import Job
 
 if TYPE_CHECKING:
@@ -34,11 +44,70 @@ _ARRIVE, _LOADED, _PREFILLED, _FINISHED = 0, 1, 2, 3
 
 @dataclass(frozen=True, slots=True)
 class ReplaySettings:
+    """How a workload is replayed. None fields take the workload's default (`resolved`)."""
+
     concurrency: int = 24
     seed: int = 0
     ramp: float = 0.0  # initial sessions are admitted spread over this many seconds
-    think_scale: float = 1.0
-    max_think: float | None = None  # cap on one think/tool gap, s
+    # "arrival" (recorded t[k+1] - t[k]) or "think" (think_time). None: "arrival" for
+    # recorded traces, "think" for synthetic workloads (whose t is derived from think times).
+    gap: str | None = None
+    # Cap on one gap, s (inf: none). None: kv-cache-tester's default 60 s for recorded
+    # traces; none for synthetic workloads (their gaps are the experiment, e.g. 3 minutes).
+    max_delay: float | None = None
+    time_scale: float = 1.0  # multiplies every (capped) gap, as kv-cache-tester's --time-scale
+    # Sessions end at their first request with more input tokens (0: no limit). None: the
+    # model's context length (set by `simulate.prepare`).
+    max_context: int | None = None
+    think_scale: float = 1.0  # "think" gaps only (older option; time_scale applies on top)
+    max_think: float | None = None  # "think" gaps only: cap on one think/tool gap, s
+
+    def resolved(self, workload: Workload) -> ReplaySettings:
+        recorded = workload.arrivals == "recorded"
+        gap = self.gap or ("arrival" if recorded else "think")
+        if gap not in ("arrival", "think"):
+            raise ValueError(f"gap must be 'arrival' or 'think', got {gap!r}")
+        max_delay = self.max_delay
+        if max_delay is None:
+            max_delay = DEFAULT_MAX_DELAY if recorded else math.inf
+        if max_delay <= 0 or self.time_scale < 0:
+            raise ValueError("max_delay must be > 0 (inf: no cap) and time_scale >= 0")
+        return replace(self, gap=gap, max_delay=max_delay)
+
+
+DEFAULT_MAX_DELAY = 60.0  # s, kv-cache-tester's --max-delay default
+
+
+def limit_context(workload: Workload, max_context: int) -> tuple[Workload, int]:
+    """End each session at its first request longer than `max_context` tokens (0: no limit);
+    drop the subagents spawned from then on (and empty sessions). Returns the workload and
+    the number of requests left out."""
+    if max_context <= 0:
+        return workload, 0
+    by_id = {s.id: s for s in workload.sessions}
+    kept: dict[str, Session] = {}
+    for s in workload.sessions:  # parents come before their subagents
+        if s.parent is not None:
+            parent = kept.get(s.parent)
+            if parent is None:
+                continue
+            full = by_id[s.parent].requests
+            n = len(parent.requests)
+            if n < len(full) and s.start - by_id[s.parent].start >= full[n].t:
+                continue  # spawned from a request past the parent's end (see Replay.spawn)
+        n = len(s.requests)
+        for k, r in enumerate(s.requests):
+            if r.input_tokens > max_context:
+                n = k
+                break
+        if n == 0:
+            continue
+        kept[s.id] = s if n == len(s.requests) else replace_struct(s, requests=s.requests[:n])
+    sessions = tuple(kept.values())
+    dropped = workload.n_requests - sum(len(s.requests) for s in sessions)
+    if not dropped:
+        return workload, 0
+    return replace_struct(workload, sessions=sessions), dropped
 
 
 class SimClock:
@@ -72,7 +141,7 @@ class Replay:
 
     def __init__(self, workload: Workload, settings: ReplaySettings):
         self.workload = workload
-        self.settings = settings
+        self.settings = settings = settings.resolved(workload)
         self.sessions = workload.sessions
         self.offset: list[int] = []
         self.requests = []
@@ -128,9 +197,21 @@ class Simulator:
             seq += 1
             heapq.heappush(heap, (t, seq, kind, payload))
 
-        def think(req) -> float:
-            x = req.think_time * st.think_scale
-            return x if st.max_think is None else min(x, st.max_think)
+        arrival_gaps = st.gap == "arrival"
+
+        def gap(sess, k: int) -> float:
+            """Delay before request k of `sess`, from the end of request k - 1."""
+            if arrival_gaps:
+                reqs = sess.requests
+                x = max(0.0, reqs[k].t - reqs[k - 1].t)
+            else:
+                x = sess.requests[k].think_time * st.think_scale
+                if st.max_think is not None:
+                    x = min(x, st.max_think)
+            return min(x, st.max_delay) * st.time_scale
+
+        def spawn_delay(x: float) -> float:
+            return min(x, st.max_delay) * st.time_scale
 
         queue = list(reversed(r.order))  # pop() gives the next session to admit
         first = min(st.concurrency, len(queue))
@@ -153,7 +234,7 @@ class Simulator:
                 arrival[rid] = now
                 policy.lookup(job)
                 for delay, child in r.spawn.get((s, k), ()):
-                    push(now + delay, _ARRIVE, (child, 0))
+                    push(now + spawn_delay(delay), _ARRIVE, (child, 0))
                 load = cost.load_time(job.dram_bytes, job.ssd_bytes)
                 if load > 0:
                     start = max(now, link_free)
@@ -186,7 +267,7 @@ class Simulator:
                 policy.finished(job)
                 sess = r.sessions[s]
                 if k + 1 < len(sess.requests):
-                    push(now + think(sess.requests[k + 1]), _ARRIVE, (s, k + 1))
+                    push(now + gap(sess, k + 1), _ARRIVE, (s, k + 1))
                 elif (sess.kind == "main" or sess.parent is None) and queue:
                     push(now, _ARRIVE, (queue.pop(), 0))
         assert done == n, f"{done} of {n} requests completed"

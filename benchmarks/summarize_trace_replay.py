@@ -1,0 +1,147 @@
+"""Markdown tables for benchmarks/results_trace_replay.md from `simulate --json` reports.
+
+    python benchmarks/summarize_trace_replay.py RESULTS_DIR > tables.md
+
+RESULTS_DIR holds weka-paper-sS.json, weka-raw-sS.json, mut-pP-sS.json and tl-sS.json
+(the commands are in results_trace_replay.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+BASELINES = ("vllm-marconi", "vllm-cpu", "vllm-disk", "sglang-hicache")
+VARIANTS = ("vllm-disk-align", "sglang-hicache-chunks")
+ABLATIONS = ("histate-mirror", "align", "fixed-32", "lru-disk")
+ORDER = ("histate", *BASELINES, *VARIANTS, "unlimited", *ABLATIONS)
+
+
+def load(d: Path, pattern: str) -> dict[str, dict]:
+    out = {}
+    for p in sorted(d.glob(pattern)):
+        out[p.stem] = json.loads(p.read_text())
+    return out
+
+
+def seed_of(name: str) -> int:
+    return int(re.search(r"-s(\d+)$", name).group(1))
+
+
+def fmt(x, spec=".3f"):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec)
+
+
+def full_table(rep: dict) -> str:
+    rows = ["| policy | p50 s | p95 s | p99 s | mean s | hit rate | recovery |",
+            "|---|---|---|---|---|---|---|"]
+    for n in ORDER:
+        if n not in rep:
+            continue
+        m = rep[n]
+        rows.append(f"| {n} | {fmt(m['ttft_p50'])} | {fmt(m['ttft_p95'])} | "
+                    f"{fmt(m['ttft_p99'])} | {fmt(m['ttft_mean'])} | {m['hit_rate']:.2%} | "
+                    f"{fmt(m.get('recovery'), '.1%')} |")
+    return "\n".join(rows)
+
+
+def seeds_table(reps: dict[str, dict]) -> str:
+    names = sorted(reps, key=seed_of)
+    first = reps[names[0]]
+    pols = [n for n in ORDER if n in first]
+    rows = ["| policy | p99 s per seed | p99 mean | histate p99 <= it | recovery per seed | "
+            "recovery mean | hit rate mean |", "|---|---|---|---|---|---|---|"]
+    hs = [reps[k]["histate"]["ttft_p99"] for k in names]
+    for n in pols:
+        p99 = [reps[k][n]["ttft_p99"] for k in names]
+        rec = [reps[k][n].get("recovery") for k in names]
+        hit = [reps[k][n]["hit_rate"] for k in names]
+        le = "-" if n == "histate" else f"{sum(h <= b for h, b in zip(hs, p99))}/{len(names)}"
+        rows.append(f"| {n} | {' / '.join(fmt(x, '.2f') for x in p99)} | "
+                    f"{sum(p99) / len(p99):.2f} | {le} | "
+                    f"{' / '.join(fmt(x, '.1%') for x in rec)} | "
+                    f"{fmt(sum(rec) / len(rec), '.1%')} | {sum(hit) / len(hit):.2%} |")
+    return "\n".join(rows)
+
+
+def target(reps: dict[str, dict]) -> str:
+    names = sorted(reps, key=seed_of)
+    lines = []
+    for k in names:
+        r = reps[k]
+        h = r["histate"]["ttft_p99"]
+        worse = [n for n in (*BASELINES, *VARIANTS) if n in r and r[n]["ttft_p99"] < h]
+        lines.append(f"seed {seed_of(k)}: histate p99 {h:.3f} s, recovery "
+                     f"{r['histate']['recovery']:.1%}; baselines with a lower p99: "
+                     f"{', '.join(worse) if worse else 'none'}")
+    return "\n".join(f"- {x}" for x in lines)
+
+
+def hierarchy(reps: dict[str, dict]) -> str:
+    names = sorted(reps, key=seed_of)
+    rows = ["| seed | policy | restart survival | tau s (learned) | DRAM->SSD moves | "
+            "SSD GB restored | recovery |", "|---|---|---|---|---|---|---|"]
+    for k in names:
+        for n in ("histate", "histate-mirror"):
+            if n not in reps[k]:
+                continue
+            m = reps[k][n]
+            st = m["stats"]
+            rows.append(f"| {seed_of(k)} | {n} | {fmt(st.get('restart_survival'), '.1%')} | "
+                        f"{fmt(st.get('tau_s'), '.0f')} | {st.get('spills', 0)} | "
+                        f"{m['restored_ssd_gb']} | {fmt(m.get('recovery'), '.1%')} |")
+    return "\n".join(rows)
+
+
+def mutation(d: Path) -> str:
+    reps = load(d, "mut-p*-s*.json")
+    by_p: dict[str, list[dict]] = {}
+    for k, r in reps.items():
+        p = re.search(r"mut-p([0-9.]+)-s", k).group(1)
+        by_p.setdefault(p, []).append(r)
+    rows = ["| p | policy | p99 s (mean) | p99 s per seed | hit rate | recovery | "
+            "mutation-request TTFT s |", "|---|---|---|---|---|---|---|"]
+    for p in sorted(by_p, key=float):
+        rs = by_p[p]
+        for n in ORDER:
+            if n not in rs[0] or n in ("align", "fixed-32", "lru-disk"):
+                continue
+            p99 = [r[n]["ttft_p99"] for r in rs]
+            rec = [r[n].get("recovery") for r in rs]
+            rec = [x for x in rec if x is not None and not math.isnan(x)]
+            mt = [r[n].get("mutation_ttft_mean") for r in rs]
+            mt = [x for x in mt if x is not None and not math.isnan(x)]
+            rows.append(
+                f"| {float(p):.0%} | {n} | {sum(p99) / len(p99):.3f} | "
+                f"{' / '.join(f'{x:.2f}' for x in p99)} | "
+                f"{sum(r[n]['hit_rate'] for r in rs) / len(rs):.2%} | "
+                f"{fmt(sum(rec) / len(rec), '.1%') if rec else '-'} | "
+                f"{fmt(sum(mt) / len(mt)) if mt else '-'} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    d = Path(sys.argv[1])
+    for kind in ("paper", "raw"):
+        reps = load(d, f"weka-{kind}-s*.json")
+        if not reps:
+            continue
+        print(f"### Weka, {kind} replay\n")
+        print(f"Seed 0, all policies:\n\n{full_table(reps[f'weka-{kind}-s0'])}\n")
+        print(f"Five admission orders:\n\n{seeds_table(reps)}\n")
+        print(f"Target check (p99 at or below every baseline and variant):\n\n{target(reps)}\n")
+        print(f"Hierarchy and restarts:\n\n{hierarchy(reps)}\n")
+    print(f"### Mutation microbenchmark\n\n{mutation(d)}\n")
+    tl = load(d, "tl-s*.json")
+    if tl:
+        print(f"### TraceLab-like workload\n\n{seeds_table(tl)}\n")
+        print(f"{target(tl)}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,507 @@
+"""The vLLM-free half of the connector's manager: the books around the policy core.
+
+`Orchestrator` keeps which key is where (a DRAM slot, SSD, a write in flight), asks the policy
+for every decision and applies it: what is offered and admitted, staging in DRAM, the order of
+SSD copies (KV chunks before the checkpoints whose manifests name them), whether the DRAM copy
+stays once the SSD copy lands, evictions, and the moves to SSD that DRAM pressure asks for.
+`HiStateManager` (manager.py) drives it for vLLM; the trace simulator
+(trace_replay/policies/histate.py) drives the same object, completing every transfer at once,
+so a placement change is made here once and measured by both.
+
+Life of a key: offered -> admitted to DRAM (a slot is taken) -> `complete_store` (the bytes
+are in the slot) -> copied to SSD (`take_ssd_writes`, the slot is pinned until
+`on_ssd_written`) -> the DRAM copy stays or goes (`policy.keep`). New data is always staged
+in DRAM first: the GPU page may be reused right after the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+from histate_vllm.policy import Item, Kind, Tier, key_group, make_key
+from histate_vllm.policy.base import PolicyCore
+
+
+@dataclass(frozen=True, slots=True)
+class SSDWrite:
+    """Copy a key staged in a DRAM slot to the SSD store.
+
+    Sent with the step's metadata after that step's store jobs, so the worker runs it once
+    the slot holds the data; the slot stays pinned until the worker reports the write."""
+
+    key: bytes
+    slot: int
+    is_state: bool
+    position: int
+    # For a state: the KV chunk keys of every block before it (its manifest names them).
+    chunk_keys: tuple[bytes, ...] = ()
+    provenance: str = ""
+
+
+@dataclass(slots=True)
+class Entry:
+    is_state: bool
+    position: int
+    nbytes: int = 0
+    slot: int = -1  # DRAM slot, -1 when none
+    dram_ready: bool = False
+    on_ssd: bool = False
+    ssd_pending: bool = False
+    # The policy dropped this copy while a write to it was in flight: drop it when it lands.
+    forget_dram: bool = False
+    forget_ssd: bool = False
+    # A state's manifest: the KV keys of every block before it.
+    refs: tuple[bytes, ...] = ()
+    request_id: str = ""
+
+    @property
+    def readable(self) -> bool:
+        return (self.slot >= 0 and self.dram_ready) or self.on_ssd
+
+
+def headroom_bytes(capacity: int, step_bytes: int) -> int:
+    """DRAM the policy leaves free for copies moving to SSD: their slots stay taken until
+    the writes land, and new keys of the same step need slots at once. One step's worth of
+    new keys (what one admission can add); none when that is over a quarter of the pool
+    (too small to move anything down: DRAM evictions are then deleted)."""
+    return step_bytes if 4 * step_bytes <= capacity else 0
+
+
+class SlotPool:
+    """Fixed-size DRAM slots (the connector's pinned buffer: one key per slot)."""
+
+    def __init__(self, num_slots: int, slot_bytes: int):
+        self.num_slots = num_slots
+        self.capacity = num_slots * slot_bytes
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    def alloc(self, nbytes: int) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, slot: int, nbytes: int) -> None:
+        self._free.append(slot)
+
+    def in_use(self) -> int:
+        return self.num_slots - len(self._free)
+
+
+class BytePool:
+    """DRAM counted in bytes (the simulator: keys of different sizes)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.used = 0
+        self._next = 0
+
+    def alloc(self, nbytes: int) -> int | None:
+        if self.used + nbytes > self.capacity:
+            return None
+        self.used += nbytes
+        self._next += 1
+        return self._next
+
+    def free(self, slot: int, nbytes: int) -> None:
+        self.used -= nbytes
+
+    def in_use(self) -> int:
+        return self.used
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        policy: PolicyCore,
+        pool: SlotPool | BytePool,
+        *,
+        block_tokens: int,
+        kv_groups: Sequence[int],
+        state_groups: Sequence[int],
+        key_bytes: Callable[[bool], int],
+        has_ssd: bool,
+        delete: Callable[[bytes, bool], None] | None = None,
+        on_dram: Callable[[list[bytes], bool], None] | None = None,
+    ):
+        """key_bytes(is_state): bytes of one key. delete(key, is_state): remove it from the
+        SSD store. on_dram(keys, removed): DRAM copies became readable / were dropped."""
+        self.policy = policy
+        self.pool = pool
+        self.block_tokens = block_tokens
+        self.kv_groups = tuple(kv_groups)
+        self.state_groups = tuple(sorted(state_groups))
+        self.key_bytes = key_bytes
+        self.has_ssd = has_ssd
+        self.delete = delete
+        self.on_dram = on_dram
+        self.entries: dict[bytes, Entry] = {}
+        self._planned: dict[str, list[int]] = {}  # request -> planned capture positions
+        self._hit_tokens: dict[str, int] = {}
+        # Items staged in DRAM since the last take_ssd_writes(), in admission order.
+        self._staged: list[Item] = []
+        # State keys admitted with a sibling, waiting to be offered: key -> slot.
+        self._reserved: dict[bytes, int] = {}
+        # DRAM copies the policy moved to SSD, to be copied from their slots.
+        self._spills: list[SSDWrite] = []
+        self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0,
+                      "ssd_state_skips": 0}
+
+    # --- start-up ---
+
+    def restore(self, checkpoints: dict, chunks: Collection[bytes]) -> tuple[int, int]:
+        """Re-admit what a previous run left on SSD: `checkpoints` maps a state key to an
+        object with chunk_keys, position and mtime; `chunks` the chunk keys on disk. Sizes
+        are payload bytes, as at admission. Returns (checkpoints, chunks) found."""
+        items: list[Item] = []
+        seen: set[bytes] = set()
+        bt = self.block_tokens
+        n = max(1, len(self.kv_groups))
+        for key, info in checkpoints.items():
+            chunk_keys = list(info.chunk_keys)
+            # A node's parent is the block before it: the state's block is the last one, so
+            # the state hangs off the second-to-last (none for a one-block checkpoint).
+            parent = block_parent = None
+            for i in range(0, len(chunk_keys), n):
+                ck = chunk_keys[i : i + n]
+                block_parent = parent
+                for k in ck:
+                    if k in seen or k not in chunks:
+                        continue
+                    seen.add(k)
+                    items.append(Item(k, k[:-4], block_parent, Kind.KV, (i // n + 1) * bt,
+                                      self.key_bytes(False)))
+                if ck:
+                    parent = ck[0][:-4]
+            items.append(Item(key, key[:-4], block_parent, Kind.STATE, info.position,
+                              self.key_bytes(True)))
+            seen.add(key)
+        for item in items:
+            self.entries[item.key] = Entry(is_state=item.kind == Kind.STATE,
+                                           position=item.position, nbytes=item.nbytes,
+                                           on_ssd=True)
+        mtimes = {key: info.mtime for key, info in checkpoints.items()}
+        last_access = [mtimes.get(item.key, 0.0) for item in items]
+        for key in self.policy.restore_resident(items, Tier.SSD, last_access=last_access):
+            self._drop(key, Tier.SSD)  # over the budget, or a state without its KV
+        return len(checkpoints), len(seen) - len(checkpoints)
+
+    # --- requests ---
+
+    def note_hit(self, request_id: str, hit_tokens: int) -> None:
+        """Tokens the request resumes from (GPU prefix cache + this connector)."""
+        self._hit_tokens[request_id] = hit_tokens
+
+    def plan(self, request_id: str, block_hashes: list[bytes], num_prompt_tokens: int
+             ) -> list[int]:
+        """The capture plan (ascending positions), made once per request and remembered."""
+        plan = self._planned.get(request_id)
+        if plan is None:
+            plan = self._planned[request_id] = self.policy.plan_captures(
+                request_id, block_hashes, num_prompt_tokens, self._hit_tokens.get(request_id, 0))
+        return plan
+
+    def request_finished(self, request_id: str) -> None:
+        self._planned.pop(request_id, None)
+        self._hit_tokens.pop(request_id, None)
+        self.policy.request_finished(request_id)
+
+    # --- lookup and load ---
+
+    def readable(self, key: bytes) -> bool:
+        entry = self.entries.get(key)
+        return entry is not None and entry.readable
+
+    def in_dram(self, key: bytes) -> bool:
+        entry = self.entries.get(key)
+        return entry is not None and entry.slot >= 0 and entry.dram_ready
+
+    def prepare_load(self, keys: list[bytes]) -> tuple[list[int], list[bool]]:
+        """Pin and hit the keys; per key its DRAM slot (-1: read it from SSD) and kind."""
+        slots, is_state = [], []
+        for key in keys:
+            entry = self.entries[key]
+            assert entry.readable, "prepare_load of a key lookup() did not report"
+            slots.append(entry.slot if entry.slot >= 0 and entry.dram_ready else -1)
+            is_state.append(entry.is_state)
+        self.policy.pin(keys)
+        self.policy.hit(keys)
+        return slots, is_state
+
+    def touch(self, keys: Iterable[bytes]) -> None:
+        self.policy.hit([k for k in keys if k in self.entries])
+
+    def complete_load(self, keys: Iterable[bytes]) -> None:
+        self.policy.unpin(list(keys))
+
+    # --- store ---
+
+    def is_new(self, key: bytes) -> bool:
+        return key in self._reserved or key not in self.entries
+
+    def offer(self, request_id: str, keys: Sequence[bytes], positions: Sequence[int],
+              block_hashes: list[bytes], num_prompt_tokens: int
+              ) -> tuple[list[bytes], list[int], list[bytes]]:
+        """Keys vLLM offers to store for a request (with their token positions; only new
+        ones: see `is_new`). Returns (keys to store, in offer order; their slots; keys
+        evicted and gone)."""
+        new_keys = [k for k in keys if self.is_new(k)]
+        if not new_keys:
+            return [], [], []
+        pos = dict(zip(keys, positions))
+        self.plan(request_id, block_hashes, num_prompt_tokens)
+        # A checkpoint is one state page per state group, offered one key at a time: admit
+        # the whole unit on its first key and hand its siblings their reserved slots.
+        keys_to_store = [k for k in new_keys if k in self._reserved]
+        fresh = [k for k in new_keys if k not in self._reserved]
+        items = {k: self._item(k, pos[k], request_id, block_hashes, num_prompt_tokens)
+                 for k in fresh}
+        for item in list(items.values()):
+            if item.kind == Kind.STATE:
+                for g in self.state_groups:
+                    sibling = make_key(item.node, g)
+                    if sibling not in self.entries and sibling not in items:
+                        items[sibling] = self._item(sibling, item.position, request_id,
+                                                    block_hashes, num_prompt_tokens)
+        evicted: list[bytes] = []
+        if items:
+            admission = self.policy.admit(list(items.values()), Tier.DRAM)
+            accepted = list(admission.accepted) if admission is not None else []
+            if admission is not None:  # evictions stand even when nothing was accepted
+                self._take_spills(admission.spill)
+                evicted = self._apply_evictions(admission.evict)
+            fresh_set = set(fresh)
+            for key, slot in self._fit_slots(accepted, items):
+                item = items[key]
+                self.entries[key] = Entry(
+                    is_state=item.kind == Kind.STATE, position=item.position,
+                    nbytes=item.nbytes, slot=slot, request_id=request_id,
+                    refs=self._refs(block_hashes, item.position)
+                    if item.kind == Kind.STATE else (),
+                )
+                if self.has_ssd:
+                    self._staged.append(item)
+                if key in fresh_set:
+                    keys_to_store.append(key)
+                else:
+                    self._reserved[key] = slot
+        for key in keys_to_store:
+            self._reserved.pop(key, None)
+        order = {k: i for i, k in enumerate(new_keys)}
+        keys_to_store.sort(key=order.__getitem__)  # vLLM pairs them with blocks in offer order
+        return keys_to_store, [self.entries[k].slot for k in keys_to_store], evicted
+
+    def _fit_slots(self, accepted: list[bytes], items: dict[bytes, Item]
+                   ) -> list[tuple[bytes, int]]:
+        """(key, slot) for the accepted keys that got a slot. Slots of copies moving to SSD
+        stay taken until their writes land, so a step can run short: the deepest keys are
+        then given back to the policy as failed writes."""
+        accepted.sort(key=lambda k: (items[k].position, items[k].kind == Kind.STATE))
+        out: list[tuple[bytes, int]] = []
+        short = False
+        for key in accepted:
+            slot = None if short else self.pool.alloc(items[key].nbytes)
+            if slot is None:
+                short = True
+                self.stats["slot_short"] += 1
+                self.policy.committed(key, Tier.DRAM, False)
+                continue
+            out.append((key, slot))
+        return out
+
+    def _item(self, key: bytes, position: int | None, request_id: str,
+              block_hashes: list[bytes], num_prompt_tokens: int) -> Item:
+        bt = self.block_tokens
+        assert position is not None and position % bt == 0
+        block = position // bt - 1
+        is_state = key_group(key) in self.state_groups
+        tail = (num_prompt_tokens - 1) // bt * bt
+        return Item(
+            key=key,
+            node=key[:-4],
+            parent=block_hashes[block - 1] if block > 0 else None,
+            kind=Kind.STATE if is_state else Kind.KV,
+            position=position,
+            nbytes=self.key_bytes(is_state),
+            terminal=is_state and position >= tail,
+            request_id=request_id,
+        )
+
+    def _refs(self, block_hashes: list[bytes], position: int) -> tuple[bytes, ...]:
+        """KV chunk keys of every block before `position`, one per attention group."""
+        return tuple(make_key(block_hashes[b], g)
+                     for b in range(position // self.block_tokens) for g in self.kv_groups)
+
+    def complete_store(self, keys: Iterable[bytes], success: bool = True) -> list[bytes]:
+        """The DRAM writes of these keys finished; returns the keys now readable there."""
+        stored = []
+        for key in keys:
+            entry = self.entries.get(key)
+            if entry is None or entry.slot < 0 or entry.dram_ready:
+                continue
+            entry.dram_ready = success
+            self.policy.committed(key, Tier.DRAM, success)
+            if success and not entry.forget_dram:
+                stored.append(key)
+                self._settle(key, entry)
+            elif not entry.ssd_pending:
+                self._release_slot(key, entry)
+        return stored
+
+    # --- SSD copies ---
+
+    def take_ssd_writes(self) -> list[SSDWrite]:
+        """SSD copies to run now: moves DRAM pressure asked for, then what was staged in
+        DRAM since the last call (called after all of a step's store jobs).
+
+        KV chunks go first: a state's manifest names the chunks before it, so they must be
+        on SSD, or queued ahead of it, for the state to be published at all."""
+        self.apply_demotions()
+        # The policy keeps a bounded ring of recent events for `explain`; the undrained
+        # list would otherwise grow with every decision.
+        self.policy.drain_events()
+        for key, slot in self._reserved.items():  # siblings vLLM did not offer after all
+            entry = self.entries.pop(key, None)
+            if entry is not None:
+                self.pool.free(entry.slot, entry.nbytes)
+                self.policy.committed(key, Tier.DRAM, False)
+        self._reserved.clear()
+        writes, self._spills = self._spills, []
+        staged, self._staged = self._staged, []
+        staged = [s for s in staged if s.key in self.entries]
+        staged.sort(key=lambda s: s.kind == Kind.STATE)
+        for item in staged:
+            entry = self.entries.get(item.key)
+            if entry is None or entry.slot < 0 or entry.ssd_pending or entry.on_ssd:
+                continue
+            if item.kind == Kind.STATE and not all(self._on_or_to_ssd(k) for k in entry.refs):
+                self.stats["ssd_state_skips"] += 1
+                continue  # stays in DRAM: a KV chunk before it is not on SSD
+            admission = self.policy.admit([item], Tier.SSD)
+            if admission is not None:
+                self._take_spills(admission.spill)
+                self._apply_evictions(admission.evict)
+            if admission is None or item.key not in admission.accepted:
+                continue
+            entry = self.entries.get(item.key)
+            if entry is None or entry.slot < 0:  # evicted by its own admission
+                self.policy.committed(item.key, Tier.SSD, False)
+                continue
+            entry.ssd_pending = True
+            self.policy.pin([item.key])  # the DRAM copy is the source of the SSD write
+            writes.append(self._write(item.key, entry))
+        writes.extend(self._spills)
+        self._spills = []
+        return writes
+
+    def _write(self, key: bytes, entry: Entry) -> SSDWrite:
+        return SSDWrite(key=key, slot=entry.slot, is_state=entry.is_state,
+                        position=entry.position, chunk_keys=entry.refs,
+                        provenance=entry.request_id)
+
+    def _take_spills(self, keys: Sequence[bytes]) -> None:
+        """The policy moves these DRAM copies to SSD (HiState's hierarchy): queue their
+        writes from the slots, which stay taken until the writes land. A copy that cannot
+        be written (not in DRAM yet, a state whose KV is not on SSD) is given back."""
+        for key in sorted(keys, key=lambda k: key_group(k) in self.state_groups):
+            entry = self.entries.get(key)
+            ok = (self.has_ssd and entry is not None and entry.slot >= 0 and entry.dram_ready
+                  and not entry.ssd_pending and not entry.on_ssd
+                  and (not entry.is_state or all(self._on_or_to_ssd(k) for k in entry.refs)))
+            if not ok:
+                self.stats["spills_declined"] += 1
+                self.policy.committed(key, Tier.SSD, False)
+                continue
+            self.stats["spills"] += 1
+            entry.ssd_pending = True
+            entry.forget_dram = True  # the policy has let the DRAM copy go already
+            self.policy.pin([key])
+            self._spills.append(self._write(key, entry))
+
+    def _on_or_to_ssd(self, key: bytes) -> bool:
+        entry = self.entries.get(key)
+        return entry is not None and (entry.on_ssd or entry.ssd_pending)
+
+    def on_ssd_written(self, results: dict[bytes, bool]) -> None:
+        """The worker finished (or gave up) writing these keys to SSD."""
+        for key, ok in results.items():
+            entry = self.entries.get(key)
+            if entry is None or not entry.ssd_pending:
+                continue
+            entry.ssd_pending = False
+            entry.on_ssd = ok
+            self.policy.unpin([key])
+            self.policy.committed(key, Tier.SSD, ok)
+            if entry.forget_ssd and ok:
+                self._drop(key, Tier.SSD)
+            if entry.forget_dram:
+                self._drop(key, Tier.DRAM)
+            elif key in self.entries:
+                self._settle(key, entry)
+        self.apply_demotions()
+
+    def on_ssd_lost(self, keys: Iterable[bytes], reason: str) -> None:
+        """Keys the worker found corrupt or missing on SSD (already quarantined there)."""
+        for key in keys:
+            entry = self.entries.get(key)
+            if entry is None or not entry.on_ssd:
+                continue
+            entry.on_ssd = False
+            self.policy.remove(key, Tier.SSD, reason)
+            self._forget_if_gone(key, entry)
+        self.apply_demotions()
+
+    # --- dropping copies ---
+
+    def apply_demotions(self) -> None:
+        """Drop the copies the policy no longer wants (it has forgotten them already)."""
+        for tier in (Tier.DRAM, Tier.SSD) if self.has_ssd else (Tier.DRAM,):
+            for key in self.policy.demotions(tier):
+                self._drop(key, tier)
+
+    def _settle(self, key: bytes, entry: Entry) -> None:
+        """Once both copies are known, drop the DRAM one if the policy places the key on SSD."""
+        if entry.ssd_pending or not entry.dram_ready or not entry.on_ssd:
+            return
+        if not self.policy.keep(key, Tier.DRAM):  # the policy forgets that copy itself
+            self._release_slot(key, entry)
+
+    def _drop(self, key: bytes, tier: Tier) -> None:
+        """Drop one copy; a copy whose write is still in flight goes when the write lands."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return
+        if tier == Tier.DRAM and entry.slot >= 0:
+            if entry.ssd_pending or not entry.dram_ready:
+                entry.forget_dram = True  # still the source or target of a write
+            else:
+                self._release_slot(key, entry)
+                if self.on_dram is not None:
+                    self.on_dram([key], True)
+        elif tier == Tier.SSD:
+            if entry.ssd_pending:
+                entry.forget_ssd = True
+            elif entry.on_ssd:
+                entry.on_ssd = False
+                if self.delete is not None:
+                    self.delete(key, entry.is_state)
+                self._forget_if_gone(key, entry)
+
+    def _release_slot(self, key: bytes, entry: Entry) -> None:
+        if entry.slot >= 0:
+            self.pool.free(entry.slot, entry.nbytes)
+        entry.slot, entry.dram_ready, entry.forget_dram = -1, False, False
+        self._forget_if_gone(key, entry)
+
+    def _forget_if_gone(self, key: bytes, entry: Entry) -> None:
+        if entry.slot < 0 and not entry.on_ssd and not entry.ssd_pending:
+            self.entries.pop(key, None)
+
+    def _apply_evictions(self, evict: list[tuple[bytes, Tier]]) -> list[bytes]:
+        for key, tier in evict:
+            self._drop(key, tier)
+        return [key for key, _ in evict if key not in self.entries]
+
+    def reset_cache(self) -> None:
+        for key, entry in list(self.entries.items()):
+            if entry.slot >= 0 and not entry.ssd_pending:
+                self._release_slot(key, entry)
+                self.policy.remove(key, Tier.DRAM, "reset_cache")

@@ -1,0 +1,42 @@
+"""Internal-hit depths learned online move the interval checkpoints (forks.py)."""
+
+from _helpers import Clock, chain
+
+from histate_vllm.policy import Tier, make_key, make_policy
+from histate_vllm.policy.forks import ForkDepths, place
+from histate_vllm.policy.types import Item, Kind
+
+BT = 256
+
+
+def test_place_moves_a_checkpoint_onto_observed_depths():
+    grid = [4096, 8192, 12288]
+    got = place(0, 16384, 3, grid, [3072] * 10, BT)
+    assert len(got) == 3 and 3072 in got
+    assert place(0, 16384, 3, grid, [], BT) == grid
+
+
+def test_window_keeps_recent_depths():
+    f = ForkDepths(window=2)
+    for d in (1, 2, 3):
+        f.observe(d)
+    assert f.inside(0, 10) == [2, 3]
+
+
+def test_policy_learns_a_fork_depth_and_plans_there():
+    clock = Clock()
+    core = make_policy("histate", budgets={Tier.DRAM: 1 << 40, Tier.SSD: 1 << 40},
+                       block_tokens=BT, clock=clock, kv_groups=[0], state_groups=[1],
+                       kv_bytes_per_token=1.0)
+    a = chain(range(64), salt=b"a")
+    items = [Item(make_key(a[i], 0), a[i], a[i - 1] if i else None, Kind.KV, (i + 1) * BT,
+                  BT) for i in range(64)]
+    adm = core.admit(items, Tier.DRAM)
+    for k in adm.accepted:
+        core.committed(k, Tier.DRAM, True)
+    b = a[:10] + chain(range(10, 64), salt=b"b")  # leaves a's context at 10 blocks
+    core.plan_captures("b", b, 64 * BT, 0)
+    assert list(core.planner.forks.depths) == [10 * BT]
+    c = chain(range(64), salt=b"c")  # a new context of the same length
+    plan = core.plan_captures("c", c, 64 * BT + 1, 0)
+    assert 10 * BT in plan

@@ -1,0 +1,102 @@
+"""The manager's vLLM-free orchestration (histate_vllm.orchestration), driven directly."""
+
+import subprocess
+import sys
+
+from histate_vllm.orchestration import BytePool, Orchestrator, SlotPool, headroom_bytes
+from histate_vllm.policy import Tier, make_key, make_policy
+
+BT = 256
+KEY = 1000  # bytes of one key (KV chunk or state page)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def hashes(n, salt=b"s"):
+    return [salt + i.to_bytes(7, "big") for i in range(n)]
+
+
+def build(slots=64, ssd_keys=64, headroom_keys=0, pool=None):
+    clock = Clock()
+    policy = make_policy("histate", budgets={Tier.DRAM: (slots - headroom_keys) * KEY,
+                                             Tier.SSD: ssd_keys * KEY},
+                         block_tokens=BT, interval=1 << 30, clock=clock, kv_groups=[0],
+                         state_groups=[1], kv_bytes_per_token=KEY / BT)
+    deleted = []
+    orch = Orchestrator(policy, pool or SlotPool(slots, KEY), block_tokens=BT, kv_groups=[0],
+                        state_groups=[1], key_bytes=lambda s: KEY, has_ssd=ssd_keys > 0,
+                        delete=lambda k, s: deleted.append(k))
+    return orch, policy, clock, deleted
+
+
+def store(orch, rid, hb, states):
+    """One request: offer every block's KV and the given states, land every write."""
+    keys, pos = [], []
+    for i, h in enumerate(hb):
+        keys.append(make_key(h, 0))
+        pos.append((i + 1) * BT)
+        if (i + 1) in states:
+            keys.append(make_key(h, 1))
+            pos.append((i + 1) * BT)
+    orch.note_hit(rid, 0)
+    stored, slots, _ = orch.offer(rid, keys, pos, hb, len(hb) * BT + 1)
+    assert len(set(slots)) == len(slots)
+    orch.complete_store(stored, True)
+    writes = orch.take_ssd_writes()
+    orch.on_ssd_written({w.key: True for w in writes})
+    orch.request_finished(rid)
+    return stored, writes
+
+
+def test_imports_neither_vllm_nor_torch():
+    code = ("import sys; import histate_vllm.orchestration; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')); "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_kv_goes_to_ssd_before_the_state_whose_manifest_names_it():
+    orch, policy, _, _ = build()
+    hb = hashes(4)
+    stored, writes = store(orch, "r", hb, {4})
+    assert len(stored) == 5
+    kinds = [w.is_state for w in writes]
+    assert kinds == sorted(kinds) and kinds[-1]  # KV first, the state last
+    state = writes[-1]
+    assert state.chunk_keys == tuple(make_key(h, 0) for h in hb)
+    assert all(orch.readable(k) for k in stored)
+    assert policy.restorable(hb).position == 4 * BT
+
+
+def test_dram_pressure_moves_data_to_ssd_and_frees_the_slot_when_written():
+    slots = 12
+    orch, policy, clock, _ = build(slots=slots, ssd_keys=64, headroom_keys=6)
+    a = hashes(5, b"a")
+    store(orch, "a", a, {5})
+    # Only the state is demoted from DRAM on its own; drop the SSD backups of a's KV (SSD
+    # pressure) so that its KV is held in DRAM only.
+    clock.t += 100
+    for e in policy.set_budget(Tier.SSD, KEY):
+        orch._drop(*e)
+    policy.set_budget(Tier.SSD, 64 * KEY)
+    clock.t += 100
+    b = hashes(5, b"b")
+    store(orch, "b", b, {5})
+    assert orch.stats["slot_short"] == 0 and orch.stats["spills"] > 0, orch.stats
+    assert orch.pool.in_use() <= slots - 6  # the moved copies' slots were freed
+    for h in a:  # a's KV moved to SSD, nothing deleted
+        assert policy.where(make_key(h, 0)) == {Tier.SSD}
+    assert policy.restorable(a).position == 5 * BT
+    policy.check_invariants()
+
+
+def test_byte_pool_and_headroom():
+    pool = BytePool(10)
+    assert pool.alloc(6) is not None and pool.alloc(6) is None
+    assert headroom_bytes(100, 25) == 25 and headroom_bytes(100, 26) == 0
