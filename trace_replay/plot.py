@@ -60,11 +60,7 @@ def fig8(reps: list[dict], out: Path) -> Path | None:
         ax.set_xticks(np.arange(len(reps)) + width * (len(pols) - 1) / 2, groups)
         ax.set_ylabel(f"{q[5:]} TTFT speedup vs vllm-marconi")
     axes[1].legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    path = out / "fig8_tail_speedup.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "fig8_tail_speedup.png")
 
 
 def fig9(rep: dict, out: Path) -> Path | None:
@@ -102,11 +98,7 @@ def fig9(rep: dict, out: Path) -> Path | None:
             ax.axvspan(len(order) - nw - 0.5, len(order) - 0.5, color="0.9", zorder=0)
     axes[0].legend(fontsize=8)
     axes[0].set_title(f"{rep['workload']['name']}: {len(order)} reuse-sensitive requests")
-    fig.tight_layout()
-    path = out / f"fig9_per_request_{_slug(rep['workload']['name'])}.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, out / f"fig9_per_request_{_slug(rep['workload']['name'])}.png")
 
 
 def fig12(rep: dict, out: Path) -> Path | None:
@@ -131,11 +123,7 @@ def fig12(rep: dict, out: Path) -> Path | None:
     axes[1].set_xlabel("TTFT (s), tail")
     axes[1].legend(fontsize=7, loc="lower right")
     axes[0].set_title(f"{rep['workload']['name']}: {rep['workload']['requests']} requests")
-    fig.tight_layout()
-    path = out / f"fig12_ttft_cdf_{_slug(rep['workload']['name'])}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / f"fig12_ttft_cdf_{_slug(rep['workload']['name'])}.png", dpi=110)
 
 
 def fig10(rep: dict, out: Path) -> Path | None:
@@ -151,11 +139,7 @@ def fig10(rep: dict, out: Path) -> Path | None:
                 color=[COLORS[n] for n in pols])
     axes[1].set_ylabel("mean TTFT (s)")
     fig.suptitle(f"{rep['workload']['name']}: ablations on reuse-sensitive requests")
-    fig.tight_layout()
-    path = out / f"fig10_ablation_{_slug(rep['workload']['name'])}.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, out / f"fig10_ablation_{_slug(rep['workload']['name'])}.png")
 
 
 def _mutation_rate(rep: dict) -> float | None:
@@ -183,10 +167,13 @@ def fig11(reps: list[dict], out: Path) -> Path | None:
         ax.set_xlabel("mutation rate")
         ax.set_ylabel(yl)
     axes[1].legend(fontsize=7, ncol=2)
+    return _save(fig, out / "fig11_mutation.png")
+
+
+def _save(fig, path: Path, dpi: int = 130) -> Path:
     fig.tight_layout()
-    path = out / "fig11_mutation.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    fig.savefig(path, dpi=dpi)
+    _plt().close(fig)
     return path
 
 
