@@ -264,11 +264,10 @@ def test_memory_stays_within_budgets(run_y, cold, work):
     assert y - c <= 4 * MiB + 96 * MiB, f"connector run uses {(y - c) / MiB:.1f} MiB more"
 
 
-def test_unknown_key_stops_startup(tiny_model, ssm_dtype, work):
-    if ssm_dtype != "float32":
-        pytest.skip("start-up checks do not depend on the state dtype; run once")
-    spec = _engine(tiny_model, ssm_dtype, connector=dict(dram_bytes=MiB, ssd_dri="/tmp/x"),
-                   requests=[])
-    run = run_engine(work, "bad-config", spec, timeout=300)
+def test_unknown_key_stops_startup(tiny_model, tmp_path):
+    # Start-up checks do not depend on the state dtype: not parametrised, runs once.
+    spec = dict(model=tiny_model, num_gpu_blocks=GPU_BLOCKS,
+                connector=dict(dram_bytes=MiB, ssd_dri="/tmp/x"), requests=[])
+    run = run_engine(tmp_path, "bad-config", spec, timeout=300)
     assert run.returncode != 0
     assert "ssd_dri" in run.log and "accepted keys are" in run.log
