@@ -1,0 +1,39 @@
+"""Never worse than vLLM alone, turn by turn, on the demo's agent session.
+
+The README's demo (examples/agent_demo.py) replays the same session on vLLM alone and with
+HiStateConnector; here both replays run once per state dtype (384- and 256-token blocks)
+and no turn may reuse fewer prompt tokens with the connector than without it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.engine
+
+MiB = 1 << 20
+sys.path.insert(0, str(REPO / "examples"))
+from agent_demo import build_prompts, replay  # noqa: E402
+
+
+@pytest.mark.parametrize("ssm_dtype", ["float32", "bfloat16"])
+def test_no_turn_reuses_less_than_vllm_alone(tiny_model, tmp_path, ssm_dtype):
+    trace = json.loads((REPO / "examples" / "traces" / "agent_session.json").read_text())
+    runs = build_prompts(trace)
+    base = replay(tiny_model, runs, None, tmp_path, ssm_dtype)
+    connector = dict(dram_bytes=16 * MiB, ssd_dir=str(tmp_path / "ssd"), ssd_bytes=256 * MiB)
+    hist = replay(tiny_model, runs, connector, tmp_path, ssm_dtype)
+    turns = [r["name"] for part in runs for r in part if r["shown"]]
+    table = {t: (base[t]["num_cached_tokens"], hist[t]["num_cached_tokens"]) for t in turns}
+    print(f"{ssm_dtype} ({base['_engines'][0]['block_size']}-token blocks), "
+          f"reused by vLLM alone / with HiState: {table}")
+    worse = {t: v for t, v in table.items() if v[1] < v[0]}
+    assert not worse, f"turns that reuse less with HiState: {worse}"
+    # The session's point: after the flood and after the restart HiState resumes, vLLM cannot.
+    for turn in ("next step", "after restart"):
+        assert table[turn][0] == 0 and table[turn][1] > 0, (turn, table[turn])
