@@ -131,6 +131,8 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         junction at the planned position puts checkpoints where the policy wants them, from
         the stock `vllm serve` line. A junction vLLM found itself is kept until passed.
         """
+        if not self._layout.state_group_ids:
+            return  # no recurrent state to place: chunk ends do not matter
         current = request.shared_prefix_boundary
         if current > done:
             return
