@@ -123,9 +123,15 @@ class HiStateManager(OffloadingManager):
         self.orch.note_hit(request_id, hit_tokens)
 
     def capture_positions(self, request) -> list[int]:
-        """Where the policy wants this request's states (ascending, block-aligned)."""
-        return self.orch.plan(request.request_id, self._block_hashes(request),
-                              request.num_prompt_tokens)
+        """Where the policy wants this request's states (ascending, block-aligned).
+
+        Asked every step while a request prefills: the block hashes are sliced only once,
+        when the plan is made."""
+        plan = self.orch.planned(request.request_id)
+        if plan is None:
+            plan = self.orch.plan(request.request_id, self._block_hashes(request),
+                                  request.num_prompt_tokens)
+        return plan
 
     def live_request(self, request_id: str):
         return self._requests.get(request_id)

@@ -190,6 +190,10 @@ class Orchestrator:
         """Tokens the request resumes from (GPU prefix cache + this connector)."""
         self._hit_tokens[request_id] = hit_tokens
 
+    def planned(self, request_id: str) -> list[int] | None:
+        """The request's capture plan if made, without the inputs `plan` needs."""
+        return self._planned.get(request_id)
+
     def plan(self, request_id: str, block_hashes: list[bytes], num_prompt_tokens: int
              ) -> list[int]:
         """The capture plan (ascending positions), made once per request and remembered."""
