@@ -9,7 +9,7 @@ tokens vLLM reports as reused and the time to first token.
 What a run shows depends on the machine: vLLM sizes the KV blocks from the recurrent state's
 page (256 tokens with bfloat16 states, 384 where its accelerated CPU kernel keeps float32
 states), hits are whole blocks, and the flood between turns is sized from the GPU cache's
-real capacity. Each engine serves an untimed warm-up prompt before the first timed turn.
+real capacity. Each engine serves two untimed warm-up prompts before the first timed turn.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def engine_request(r: dict) -> dict:
 
 
 def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: Path,
-           ssm_dtype: str | None = None) -> dict:
+           ssm_dtype: str | None = None) -> tuple[dict, list[dict]]:
+    """Run the session's engines; return results by turn name and each engine's layout."""
     from histate_vllm.offline import run_engine
 
     tag = "histate" if connector else "vllm"
@@ -109,8 +110,7 @@ def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: 
             raise SystemExit(f"engine run failed ({tag}, part {i}); log in {log_dir}")
         results.update({r["name"]: r for r in out["results"]})
         engines.append(out["engine"])
-    results["_engines"] = engines
-    return results
+    return results, engines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,17 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     ssd = work / "ssd"
     shutil.rmtree(ssd, ignore_errors=True)
     print(f"replaying '{trace['name']}' on {model} (logs in {work})", flush=True)
-    base = replay(model, runs, None, work, args.ssm_dtype)
-    hist = replay(
+    base, engines = replay(model, runs, None, work, args.ssm_dtype)
+    hist, _ = replay(
         model, runs,
         dict(dram_bytes=args.dram_mib * MiB, ssd_dir=str(ssd), ssd_bytes=args.ssd_mib * MiB),
         work, args.ssm_dtype,
     )
-    print_table(runs, base, hist)
+    print_table(runs, base, hist, engines[0])
     return 0
 
 
-def print_table(runs, base, hist) -> None:
+def print_table(runs, base, hist, engine: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -172,10 +172,9 @@ def print_table(runs, base, hist) -> None:
                 f"{b['ttft'] / max(h['ttft'], 1e-9):.1f}x",
             )
     Console(width=max(Console().width, 110)).print(table)
-    engine = base["_engines"][0]
-    floods = {r["flood"] for r in base.values() if isinstance(r, dict) and "flood" in r}
+    floods = {r["flood"] for r in base.values() if "flood" in r}
     for name in sorted(floods):
-        prompts = [r for k, r in base.items() if isinstance(r, dict) and r.get("flood") == name]
+        prompts = [r for r in base.values() if r.get("flood") == name]
         print(f"'{name}': {len(prompts)} other sessions, {sum(r['num_prompt_tokens'] for r in prompts)} "
               f"tokens in all, flood the GPU cache ({engine['num_gpu_blocks']} blocks of "
               f"{engine['block_size']} tokens = {engine['num_gpu_blocks'] * engine['block_size']} tokens)")

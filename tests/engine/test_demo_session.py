@@ -25,12 +25,12 @@ from agent_demo import build_prompts, replay  # noqa: E402
 def test_no_turn_reuses_less_than_vllm_alone(tiny_model, tmp_path, ssm_dtype):
     trace = json.loads((REPO / "examples" / "traces" / "agent_session.json").read_text())
     runs = build_prompts(trace)
-    base = replay(tiny_model, runs, None, tmp_path, ssm_dtype)
+    base, engines = replay(tiny_model, runs, None, tmp_path, ssm_dtype)
     connector = dict(dram_bytes=16 * MiB, ssd_dir=str(tmp_path / "ssd"), ssd_bytes=256 * MiB)
-    hist = replay(tiny_model, runs, connector, tmp_path, ssm_dtype)
+    hist, _ = replay(tiny_model, runs, connector, tmp_path, ssm_dtype)
     turns = [r["name"] for part in runs for r in part if r["shown"]]
     table = {t: (base[t]["num_cached_tokens"], hist[t]["num_cached_tokens"]) for t in turns}
-    print(f"{ssm_dtype} ({base['_engines'][0]['block_size']}-token blocks), "
+    print(f"{ssm_dtype} ({engines[0]['block_size']}-token blocks), "
           f"reused by vLLM alone / with HiState: {table}")
     worse = {t: v for t, v in table.items() if v[1] < v[0]}
     assert not worse, f"turns that reuse less with HiState: {worse}"
