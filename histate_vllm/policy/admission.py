@@ -94,6 +94,7 @@ class Residency:
         now = self.clock()
         kvs: list[Item] = []
         sts: list[Item] = []
+        extras: list[Item] = []
         entries = self.index.entries
         budget = self.budgets[tier]
         seen: set[bytes] = set()
@@ -121,8 +122,7 @@ class Residency:
             if not it.terminal:
                 plan = self.plans.get(it.request_id)
                 if plan is not None and it.position not in plan:
-                    self._emit(ev.REJECT, it, tier, f"position {it.position} is not in the "
-                               f"capture plan {sorted(plan)}", it.request_id)
+                    extras.append(it)  # vLLM kept it anyway (dense retention): free space only
                     continue
             sts.append(it)
         if len(kvs) > 1:
@@ -132,37 +132,8 @@ class Residency:
         kvs.extend(sts)
         done: list[tuple[Entry, Item, bool]] = []
         used = self.used
-        add = self.index.add
-        pins = self._pins
-        groups = self._groups
         for it in kvs:
-            key = it.key
-            e = entries.get(key)
-            new = e is None
-            if new:
-                group = int.from_bytes(key[-4:], "big")
-                if it.kind is _STATE:
-                    missing = self._state_path_missing(it)
-                    if missing is not None:
-                        self._emit(ev.REJECT, it, tier, "KV chunks before it are missing "
-                                   f"(first gap at position {missing})", it.request_id)
-                        continue
-                if group not in groups[it.kind]:
-                    self._learn_group(it.kind, group)
-                e = add(it, self._prefix(it.identity) if it.identity else self._dprefix, group)
-                if pins:
-                    e.pins = pins.get(key, 0)
-                e.born = now
-                n = e.node
-                if n.t_last < now:
-                    n.t_last = now
-                if it.request_id and not n.req and it.kind is _KV:
-                    n.req = it.request_id
-            e.pending |= bit
-            used[tier] += e.nbytes
-            if not new:  # `add` already marked what a new entry changes
-                self._res_changed(e)
-            done.append((e, it, new))
+            self._add_pending(it, tier, now, done)
         out = Admission()
         # Writing a backup (SSD copy of what DRAM holds) may displace other backups, never
         # data held nowhere else.
@@ -181,6 +152,8 @@ class Residency:
                     self._emit(ev.REJECT, it, tier, f"no room in {_NAME[tier]}", it.request_id)
         if spilled:
             self._settle_spills(spilled, out)
+        if extras:
+            self._admit_extras(extras, tier, now, done)
         accepted = out.accepted
         emit = self._emit
         for e, it, new in done:
@@ -191,6 +164,65 @@ class Residency:
         if not accepted and not out.evict:
             return None
         return out
+
+    def _add_pending(self, it: Item, tier: Tier, now: float,
+                     done: list[tuple[Entry, Item, bool]]) -> bool:
+        """Index `it` (if new) with a pending copy in `tier`; False if refused."""
+        key = it.key
+        e = self.index.entries.get(key)
+        new = e is None
+        if new:
+            group = int.from_bytes(key[-4:], "big")
+            if it.kind is _STATE:
+                missing = self._state_path_missing(it)
+                if missing is not None:
+                    self._emit(ev.REJECT, it, tier, "KV chunks before it are missing "
+                               f"(first gap at position {missing})", it.request_id)
+                    return False
+            if group not in self._groups[it.kind]:
+                self._learn_group(it.kind, group)
+            e = self.index.add(it, self._prefix(it.identity) if it.identity else self._dprefix,
+                               group)
+            if self._pins:
+                e.pins = self._pins.get(key, 0)
+            e.born = now
+            n = e.node
+            if n.t_last < now:
+                n.t_last = now
+            if it.request_id and not n.req and it.kind is _KV:
+                n.req = it.request_id
+        e.pending |= TIER_BIT[tier]
+        self.used[tier] += e.nbytes
+        if not new:  # `add` already marked what a new entry changes
+            self._res_changed(e)
+        done.append((e, it, new))
+        return True
+
+    def _admit_extras(self, extras: list[Item], tier: Tier, now: float,
+                      done: list[tuple[Entry, Item, bool]]) -> None:
+        """States outside the capture plan that vLLM offers anyway (it keeps a state at
+        every prefill chunk end under dense retention, and then serves hits from them on
+        the GPU). Kept only where they fit without evicting anything, so they never
+        displace what the plan chose; once in, GDS prices them as any inner checkpoint.
+        A checkpoint (one state key per state group) is admitted whole or not at all."""
+        units: dict[bytes, list[Item]] = {}
+        for it in extras:
+            units.setdefault(it.node, []).append(it)
+        budget = self.budgets[tier]
+        for unit in sorted(units.values(), key=lambda u: u[0].position):
+            nbytes = sum(it.nbytes for it in unit)
+            if self.used[tier] + nbytes > budget:
+                for it in unit:
+                    plan = sorted(self.plans.get(it.request_id) or ())
+                    self._emit(ev.REJECT, it, tier, f"position {it.position} is not in the "
+                               f"capture plan {plan} and {_NAME[tier]} has no free room",
+                               it.request_id)
+                continue
+            mark = len(done)
+            if not all(self._add_pending(it, tier, now, done) for it in unit):
+                for e, _, _ in done[mark:]:
+                    self._forget(e, tier)
+                del done[mark:]
 
     def _state_path_missing(self, it: Item) -> int | None:
         nkv = self.index.nkv

@@ -8,7 +8,7 @@ BT = 256
 
 def setup():
     clock = Clock()
-    core = make_policy("histate", budgets={Tier.DRAM: 10_000, Tier.SSD: 0}, block_tokens=BT,
+    core = make_policy("histate", budgets={Tier.DRAM: 9_000, Tier.SSD: 0}, block_tokens=BT,
                        interval=1024, clock=clock, kv_bytes_per_token=1.0)
     return core, FakeManager(core), clock
 
@@ -20,7 +20,7 @@ def scenario(tmp_path):
     assert plan == [1024, 2048]
     items = [kv_item(h, i, BT, 500, "r1") for i in range(8)]
     items += [st_item(h, 3, BT, 2000, req="r1"), st_item(h, 7, BT, 2000, req="r1", terminal=True)]
-    items.append(st_item(h, 5, BT, 2000, req="r1"))  # not planned
+    items.append(st_item(h, 5, BT, 2000, req="r1"))  # not planned, and no free room for it
     mgr.admit(items, Tier.DRAM)
     mgr.commit(Tier.DRAM)
     core.request_finished("r1")

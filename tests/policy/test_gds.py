@@ -217,15 +217,31 @@ def test_state_without_its_kv_is_refused_with_a_reason():
     assert evs and "KV chunks before it are missing" in evs[-1].reason
 
 
-def test_state_outside_the_plan_is_refused():
-    core, mgr, clock = build()
+def test_state_outside_the_plan_takes_free_room_only():
+    # Room for the KV and the planned terminal state, not one more state.
+    core, mgr, clock = build(dram=8 * KVB + STB)
     h = chain(range(8))
     plan = core.plan_captures("r", h, 8 * BT + 1, 0)
     assert plan == [8 * BT]
     store(mgr, h, 8, [], req="r")
-    assert mgr.admit([st_item(h, 3, BT, STB, req="r")], Tier.DRAM) == []
     assert mgr.admit([st_item(h, 7, BT, STB, req="r")], Tier.DRAM) != []
+    mgr.commit(Tier.DRAM)
+    assert mgr.admit([st_item(h, 3, BT, STB, req="r")], Tier.DRAM) == []
+    assert core.where(state_key(h, 8)), "the unplanned state displaced the planned one"
     assert "not in the capture plan" in core.explain(h, 4 * BT)
+
+
+def test_state_outside_the_plan_is_kept_when_it_fits():
+    # vLLM under dense retention offers a state at every chunk end and serves GPU hits
+    # from them: kept in free room, HiState is never worse than vLLM alone.
+    core, mgr, clock = build()
+    h = chain(range(8))
+    core.plan_captures("r", h, 8 * BT + 1, 0)
+    store(mgr, h, 8, [8], req="r")
+    assert mgr.admit([st_item(h, 3, BT, STB, req="r")], Tier.DRAM) != []
+    mgr.commit(Tier.DRAM)
+    assert core.restorable(h[:6]).position == 4 * BT
+    core.check_invariants()
 
 
 def test_identities_never_match():
