@@ -115,7 +115,7 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
             request, num_computed_tokens, max_num_new_tokens
         )
         if hit is not None:
-            self.manager.note_hit(request.request_id, num_computed_tokens + hit)
+            self.manager.note_hit(request, num_computed_tokens + hit, num_computed_tokens)
             self._steer_chunk_end(request, num_computed_tokens + hit)
             logger.debug("HiState: %s resumes at %d; checkpoints planned at %s",
                          request.request_id, num_computed_tokens + hit,

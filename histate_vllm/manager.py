@@ -118,9 +118,12 @@ class HiStateManager(OffloadingManager):
     def register_request(self, request) -> None:
         self._requests[request.request_id] = request
 
-    def note_hit(self, request_id: str, hit_tokens: int) -> None:
-        """Tokens the request resumes from (GPU prefix cache + this connector)."""
-        self.orch.note_hit(request_id, hit_tokens)
+    def note_hit(self, request, hit_tokens: int, gpu_tokens: int = 0) -> None:
+        """Tokens the request resumes from (GPU prefix cache + this connector), of which
+        `gpu_tokens` the GPU prefix cache served."""
+        nb = gpu_tokens // self.layout.block_tokens
+        self.orch.note_hit(request.request_id, hit_tokens,
+                           (lambda: self._block_hashes(request)[:nb]) if nb else None)
 
     def capture_positions(self, request) -> list[int]:
         """Where the policy wants this request's states (ascending, block-aligned).

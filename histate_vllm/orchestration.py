@@ -186,9 +186,30 @@ class Orchestrator:
 
     # --- requests ---
 
-    def note_hit(self, request_id: str, hit_tokens: int) -> None:
-        """Tokens the request resumes from (GPU prefix cache + this connector)."""
+    def note_hit(self, request_id: str, hit_tokens: int,
+                 gpu_hashes: Callable[[], Sequence[bytes]] | None = None) -> None:
+        """Tokens the request resumes from (GPU prefix cache + this connector).
+
+        gpu_hashes: the block hashes vLLM's GPU prefix cache served, asked for once per
+        request. A GPU hit is a hit on the policy's own copies of that prefix (refresh-all,
+        the terminal-reuse estimate, tau's reuse intervals), which vLLM never reports to an
+        offloading manager (0.32 does not call `touch`)."""
+        first = request_id not in self._hit_tokens
         self._hit_tokens[request_id] = hit_tokens
+        if first and gpu_hashes is not None:
+            self.gpu_hit(gpu_hashes())
+
+    def gpu_hit(self, block_hashes: Sequence[bytes]) -> None:
+        """The GPU served these blocks: their KV keys and the state at their end were hit."""
+        if not block_hashes:
+            return
+        entries = self.entries
+        keys = [k for h in block_hashes for g in self.kv_groups
+                if (k := make_key(h, g)) in entries]
+        keys += [k for g in self.state_groups
+                 if (k := make_key(block_hashes[-1], g)) in entries]
+        if keys:
+            self.policy.hit(keys)
 
     def planned(self, request_id: str) -> list[int] | None:
         """The request's capture plan if made, without the inputs `plan` needs."""

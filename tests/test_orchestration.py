@@ -100,3 +100,25 @@ def test_byte_pool_and_headroom():
     pool = BytePool(10)
     assert pool.alloc(6) is not None and pool.alloc(6) is None
     assert headroom_bytes(100, 25) == 25 and headroom_bytes(100, 26) == 0
+
+
+def _gpu_hit_protects(gpu_hit: bool) -> tuple[int, int]:
+    orch, policy, clock, _ = build(slots=10, ssd_keys=0)
+    a, b, c = hashes(4, b"a"), hashes(4, b"b"), hashes(4, b"c")
+    store(orch, "a", a, {4})
+    clock.t = 10.0
+    store(orch, "b", b, {4})
+    clock.t = 20.0
+    # A's next turn is served from the GPU prefix cache: vLLM tells no offloading manager.
+    orch.note_hit("a2", 4 * BT, (lambda: a) if gpu_hit else None)
+    orch.note_hit("a2", 4 * BT, lambda: [])  # asked again (a retried lookup): heard once
+    orch.request_finished("a2")
+    clock.t = 30.0
+    store(orch, "c", c, {4})  # needs five slots: one session must go
+    return policy.restorable(a).position, policy.restorable(b).position
+
+
+def test_a_gpu_prefix_hit_refreshes_the_policys_copies():
+    assert _gpu_hit_protects(gpu_hit=True) == (4 * BT, 0)
+    # Control: unheard, the GPU hit leaves A the least recently used, and A goes.
+    assert _gpu_hit_protects(gpu_hit=False) == (0, 4 * BT)

@@ -105,7 +105,7 @@ class CoreAdapter(SimPolicy):
             job.resume = p * B
         else:
             job.resume = g * B
-        orch.note_hit(job.request_id, job.resume)
+        orch.note_hit(job.request_id, job.resume, lambda: hb[:g])
         job.captures = orch.plan(job.request_id, hb, job.input_tokens)
         held = list(hl[:g])
         if g:
