@@ -169,6 +169,17 @@ def test_the_flood_floods(run_v, run_x):
     assert run_v["A2"]["num_cached_tokens"] == 0, "A1 survived the flood in the GPU cache"
 
 
+def test_never_worse_than_vllm_alone(run_v, run_x):
+    """Turn by turn, the connector never reuses less than the same engine without it (the
+    block size is the same: both runs report it)."""
+    assert run_x.block_size == run_v.block_size
+    hits = {r["name"]: (run_v[r["name"]]["num_cached_tokens"], run_x[r["name"]]["num_cached_tokens"])
+            for r in X_REQUESTS if "prompt" in r}
+    print("(vLLM alone, HiState) tokens reused:", hits)
+    worse = {n: h for n, h in hits.items() if h[1] < h[0]}
+    assert not worse, f"reused less than vLLM alone: {worse}"
+
+
 def test_turn_after_flood_restores_from_dram(run_x):
     assert "HiStateConnector" in run_x.log
     bs = run_x.block_size

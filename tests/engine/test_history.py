@@ -7,8 +7,9 @@ sizes, 384 and 256 tokens, run on any machine):
   V  vLLM alone (prefix caching on, default retention): the baseline.
   X  the same requests with HiStateConnector (DRAM only).
   C  cold reference, prefix caching off.
-Requests: a 16k-token history H; other sessions flood the GPU cache (1.25x its capacity);
-an edit inside H; then three subagents forking after H's first 5,000 tokens.
+Requests: a 16k-token history H; at once an edit inside H (E0, while the GPU still holds
+H); other sessions flood the GPU cache (1.25x its capacity); the same edit point again with
+other text (EDIT); then three subagents forking after H's first 5,000 tokens.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ def _tokens(n: int) -> list[int]:
 H = _tokens(16000)
 EDIT_AT = 11200
 EDIT = H[:EDIT_AT] + _tokens(500)
+E0 = H[:EDIT_AT] + _tokens(400)
 FORK_AT = 5000
 FORKS = {f"S{i}": H[:FORK_AT] + _tokens(n) for i, n in ((1, 800), (2, 700), (3, 600))}
-CHECKED = {"EDIT": EDIT, **FORKS}
-REQUESTS = ([dict(name="H", prompt=H, max_tokens=4), dict(name="F", flood=1.25, prompt_tokens=3000)]
-            + [dict(name=n, prompt=p, max_tokens=4) for n, p in CHECKED.items()])
+CHECKED = {"E0": E0, "EDIT": EDIT, **FORKS}
+REQUESTS = ([dict(name="H", prompt=H, max_tokens=4), dict(name="E0", prompt=E0, max_tokens=4),
+             dict(name="F", flood=1.25, prompt_tokens=3000)]
+            + [dict(name=n, prompt=p, max_tokens=4) for n, p in CHECKED.items() if n != "E0"])
 
 
 def _engine(model, ssm_dtype, **spec) -> dict:
@@ -84,7 +87,7 @@ def cold(tiny_model, ssm_dtype, work):
 def planned(run, name: str) -> list[int]:
     """The capture positions the connector logged for request `name`."""
     rid = re.escape(run[name]["request_id"])
-    found = re.findall(rf"HiState: {rid}\S* resumes at \d+; checkpoints planned at \[([\d, ]*)\]",
+    found = re.findall(rf"HiState: {rid}(?:-[0-9a-f]+)? resumes at \d+; checkpoints planned at \[([\d, ]*)\]",
                        run.log)
     assert found, f"no plan logged for {name}"
     return [int(p) for p in found[-1].split(",") if p.strip()]
@@ -96,14 +99,40 @@ def test_edit_resumes_from_the_nearest_planned_checkpoint(histate, alone):
     inside = [p for p in plan if p < len(H) - bs]
     assert inside, f"no checkpoint planned inside the 16k history: {plan}"
     interval = plan[0]  # the first point of a segment that starts at 0
-    expected = max([p for p in plan if p <= EDIT_AT], default=0)
+    # E0 branched off H at the same point and captured there (a learned branch boundary),
+    # so the nearest checkpoint may be E0's.
+    branch = planned(histate, "E0")
+    expected = max([p for p in plan + branch if p <= EDIT_AT], default=0)
     hit = histate["EDIT"]["num_cached_tokens"]
-    assert hit == expected, f"edit at {EDIT_AT} resumed at {hit}; plan {plan}"
+    assert hit == expected, f"edit at {EDIT_AT} resumed at {hit}; plans {plan}, {branch}"
     assert EDIT_AT - hit < interval + bs, (EDIT_AT, hit, interval, bs)
+    assert whole_blocks(EDIT_AT, bs) in branch, f"E0 kept no state at its branch point: {branch}"
     # The flood took H out of the GPU cache: vLLM alone recomputes the edit from scratch.
     assert alone["EDIT"]["num_cached_tokens"] == 0
     print(f"{bs}-token blocks: plan {plan}; edit at {EDIT_AT} resumed at {hit} "
           f"(vLLM alone {alone['EDIT']['num_cached_tokens']})")
+
+
+def gpu_split(run, name: str) -> tuple[int, int] | None:
+    """(GPU prefix-cache tokens, tokens loaded by the connector) from vLLM's debug log."""
+    rid = re.escape(run[name]["request_id"])
+    found = re.findall(rf"Request {rid}(?:-[0-9a-f]+)? hit (\d+) offloaded tokens after (\d+) GPU hit tokens",
+                       run.log)
+    return (int(found[-1][1]), int(found[-1][0])) if found else None
+
+
+def test_edit_while_the_gpu_holds_the_history(histate, alone):
+    """E0 comes while the GPU still holds all of H's attention KV, and states only where
+    prefill chunks ended: at H's planned checkpoints (vLLM keeps them as junctions) and at
+    H's end. It resumes at the nearest planned one before the edit; vLLM alone, which
+    keeps H's end only, recomputes from scratch."""
+    plan = planned(histate, "H")
+    expected = max([p for p in plan if p <= EDIT_AT], default=0)
+    hit = histate["E0"]["num_cached_tokens"]
+    assert hit == expected, f"E0 resumed at {hit}; plan {plan}"
+    assert hit >= alone["E0"]["num_cached_tokens"]
+    print(f"{histate.block_size}-token blocks: E0 resumed at {hit} (GPU, connector: "
+          f"{gpu_split(histate, 'E0')}); vLLM alone {alone['E0']['num_cached_tokens']}")
 
 
 def test_forks_reuse_the_shared_prefix(histate, alone):

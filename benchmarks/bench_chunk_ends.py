@@ -1,0 +1,114 @@
+"""Prefill throughput with and without HiState's extra prefill chunk ends, on a real engine.
+
+vLLM saves a recurrent state only where a prefill chunk ends, so the connector ends chunks
+at the policy's planned capture positions (HiStateConnectorScheduler._steer_chunk_end).
+Each extra chunk end is one more engine step, and each kept state one more copy to DRAM.
+This measures what that costs, on fresh (uncached) long prompts, in three engines run one
+after the other on the same machine:
+
+  vllm      vLLM alone, prefix caching on (the baseline of the ratios)
+  terminal  HiState with no intermediate checkpoint (`interval` larger than any prompt):
+            the connector's own cost, its KV and prompt-end copies to DRAM
+  histate   HiState as shipped (adaptive interval): the same plus the extra chunk ends
+            and the states captured there
+
+The capture overhead per request is histate minus terminal. Every prompt is new, so no run
+reuses anything and the three do the same prefill work.
+
+    python benchmarks/bench_chunk_ends.py [--tokens 32768] [--prompts 4] [--ssm-dtype float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples"))
+
+from histate_vllm.offline import run_engine  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _prompts(n: int, tokens: int) -> list[dict]:
+    rng = random.Random(7)
+    return [dict(name=f"P{i}", prompt=[rng.randrange(2, 2000) for _ in range(tokens)],
+                 max_tokens=1) for i in range(n)]
+
+
+def _run(model: str, work: Path, name: str, args, connector: dict | None) -> tuple[dict, str]:
+    bt = 384  # the larger block size of the tiny model: the cache must hold one prompt
+    spec = dict(model=model, num_gpu_blocks=-(-args.tokens // 256) + 8,
+                max_model_len=args.tokens + bt, ssm_dtype=args.ssm_dtype,
+                warmup=4096, log_level="DEBUG" if connector else "INFO",
+                requests=_prompts(args.prompts, args.tokens))
+    if connector is not None:
+        spec["connector"] = connector
+    code, out, log = run_engine(spec, str(work / f"{name}.json"), timeout=3600,
+                                log_path=str(work / f"{name}.log"),
+                                progress=lambda line: print(f"  {name}: {line}", flush=True))
+    if code != 0:
+        sys.exit(f"{name} failed (exit {code}):\n{log[-3000:]}")
+    return out, log
+
+
+def _captures(out: dict, log: str) -> float:
+    """Mean planned captures per request, from the connector's debug log."""
+    counts = []
+    for r in out["results"]:
+        rid = re.escape(r["request_id"])
+        found = re.findall(rf"HiState: {rid}(?:-[0-9a-f]+)? resumes at \d+; checkpoints planned at "
+                           rf"\[([\d, ]*)\]", log)
+        if found:
+            counts.append(len([p for p in found[-1].split(",") if p.strip()]))
+    return statistics.mean(counts) if counts else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--ssm-dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    args = ap.parse_args()
+    work = Path(args.dir or tempfile.mkdtemp(prefix="bench-chunk-ends-"))
+    work.mkdir(parents=True, exist_ok=True)
+    from build_tiny_model import build
+
+    model = str(build(work / "tiny-qwen3-next"))
+    dram = 512 * MiB
+    runs = {
+        "vllm": _run(model, work, "vllm", args, None),
+        "terminal": _run(model, work, "terminal", args,
+                         dict(dram_bytes=dram, interval=1 << 30)),
+        "histate": _run(model, work, "histate", args, dict(dram_bytes=dram)),
+    }
+    engine = runs["vllm"][0]["engine"]
+    print(f"\n{args.prompts} fresh prompts of {args.tokens:,} tokens, tiny hybrid model, "
+          f"{engine['block_size']}-token blocks, {engine['ssm_dtype']} states, "
+          f"{os.cpu_count()} CPUs")
+    base = statistics.median(r["ttft"] for r in runs["vllm"][0]["results"])
+    term = statistics.median(r["ttft"] for r in runs["terminal"][0]["results"])
+    print(f"{'engine':<10} {'captures/req':>12} {'prefill s (median)':>19} "
+          f"{'tokens/s':>10} {'vs vllm':>8}")
+    for name, (out, log) in runs.items():
+        for r in out["results"]:
+            assert r["num_cached_tokens"] == 0, (name, r["name"], r["num_cached_tokens"])
+        t = statistics.median(r["ttft"] for r in out["results"])
+        caps = _captures(out, log) if name != "vllm" else 0.0
+        print(f"{name:<10} {caps:>12.1f} {t:>19.3f} {args.tokens / t:>10,.0f} {base / t:>8.3f}")
+    hist = statistics.median(r["ttft"] for r in runs["histate"][0]["results"])
+    print(f"capture overhead per request (histate - terminal): {hist - term:+.3f} s; "
+          f"connector base cost (terminal - vllm): {term - base:+.3f} s")
+
+
+if __name__ == "__main__":
+    main()
