@@ -50,7 +50,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 
 from histate_vllm.config import HiStateConfig
-from histate_vllm.layout import CacheLayout, store_identity
+from histate_vllm.identity import check_parallelism, store_identity, store_root
+from histate_vllm.layout import CacheLayout
 from histate_vllm.spec import HiStateSpec
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
@@ -239,6 +240,7 @@ class HiStateConnector(OffloadingConnector):
             # A restore that fails verification must fall back to recomputation, not
             # fail the user's request.
             transfer_config.kv_load_failure_policy = "recompute"
+        check_parallelism(vllm_config)
         layout = CacheLayout.from_config(kv_cache_config)
         offloading = build_offloading_config(vllm_config, kv_cache_config)
         # Multi-turn continuations reuse decoded tokens too.
@@ -247,6 +249,7 @@ class HiStateConnector(OffloadingConnector):
             offloading, histate, layout, store_identity(vllm_config, layout),
             max_model_len=vllm_config.model_config.max_model_len,
             step_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+            store_root=store_root(histate.ssd_dir, vllm_config),
         )
         self._canonical_layout = offloading.canonical_layout
         self.connector_scheduler = None

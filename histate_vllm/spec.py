@@ -23,7 +23,10 @@ class HiStateSpec(OffloadingSpec):
         identity: StoreIdentity,
         max_model_len: int,
         step_tokens: int | None = None,
+        store_root: str | None = None,
     ):
+        """store_root: where this engine's stores live (ssd_dir, or a data-parallel
+        rank's directory in it); None without an SSD tier."""
         super().__init__(config)
         if self.blocks_per_chunk != 1:
             raise ValueError("HiStateConnector offloads one vLLM block per key")
@@ -32,13 +35,14 @@ class HiStateSpec(OffloadingSpec):
         self.identity = identity
         self.max_model_len = max_model_len
         self.step_tokens = step_tokens
+        self.store_root = store_root
         self._manager = None
         self._worker = None
 
     def open_store(self) -> SSDStore | None:
-        if self.histate.ssd_dir is None:
+        if self.store_root is None:
             return None
-        store = SSDStore(self.histate.ssd_dir, self.identity, budget_bytes=self.histate.ssd_bytes)
+        store = SSDStore(self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes)
         if store.unavailable_reason is not None:
             logger.warning(
                 "HiState: SSD store %s is not writable (%s); serving with DRAM only",
