@@ -63,7 +63,8 @@ class HiStateSpec(OffloadingSpec):
         if self.store_root is None:
             return None, None, None
         store, lock, index, report = open_for_engine(
-            self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes
+            self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes,
+            lock_wait_s=10.0,  # a restarted engine's predecessor may still be exiting
         )
         self._warn_unwritable(store)
         logger.info(

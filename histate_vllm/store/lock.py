@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import time
 
 from histate_vllm.store.errors import StoreError
 
@@ -34,11 +35,21 @@ class StoreLocked(StoreError):
 class DirLock:
     """An exclusive lock on a store directory, held until `release()` or process exit."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, wait_s: float = 0.0) -> None:
+        """wait_s: how long to retry while another process holds it (an engine being
+        restarted may still be exiting)."""
         self.path = os.path.join(directory, LOCK_FILE)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        deadline = time.monotonic() + wait_s
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.1)
         except BlockingIOError:
             try:
                 holder = os.read(fd, 256).decode(errors="replace").strip() or "pid unknown"

@@ -43,17 +43,18 @@ class StartupReport:
 
 def open_for_engine(
     root: str, identity: StoreIdentity, *, budget_bytes: int, grace_s: float = 0.0,
-    **store_kwargs,
+    lock_wait_s: float = 0.0, **store_kwargs,
 ) -> tuple[SSDStore, DirLock, StoreIndex, StartupReport]:
     """Open rank 0's store as the scheduler: lock it, clean up, return its index.
 
-    Raises `StoreLocked` (naming the holder) if another engine holds the directory.
+    Raises `StoreLocked` (naming the holder) if another engine holds the directory
+    for `lock_wait_s` seconds.
     Ranks whose directory does not exist on this host (another node's local disk) are
     left alone; their restores fail verification and fall back to recomputation.
     """
     identity = rank_identity(identity, 0)
     store = SSDStore(root, identity, budget_bytes=budget_bytes, **store_kwargs)
-    lock = DirLock(store.layout.dir)
+    lock = DirLock(store.layout.dir, wait_s=lock_wait_s)
     report = StartupReport()
     try:
         report.reset_dirs_removed = remove_reset_generations(root, identity)

@@ -79,7 +79,9 @@ class SSDStore(PublishMixin, RestoreMixin):
             self._fail(classify(e, "open store directory"))
 
     @classmethod
-    def existing(cls, root: str | os.PathLike, identity: StoreIdentity, **kwargs) -> SSDStore | None:
+    def existing(
+        cls, root: str | os.PathLike, identity: StoreIdentity, **kwargs
+    ) -> SSDStore | None:
         """The store of `identity` if its directory exists under `root`, else None
         (nothing is created: e.g. another tensor-parallel rank's store, for cleanup)."""
         if not os.path.isdir(os.path.join(os.fspath(root), identity.digest())):

@@ -178,3 +178,15 @@ def test_unpinned_weights_wipe_the_store_at_start(tmp_path):
     assert index.checkpoints == {}
     assert [f for f in all_files(store) if "/chunks/" in f or "/manifests/" in f] == []
     lock.release()
+
+
+def test_lock_waits_for_a_predecessor_that_is_exiting(tmp_path):
+    import threading
+    import time
+
+    first = DirLock(str(tmp_path))
+    threading.Timer(0.3, first.release).start()
+    t0 = time.monotonic()
+    second = DirLock(str(tmp_path), wait_s=10)
+    assert 0.2 < time.monotonic() - t0 < 5
+    second.release()
