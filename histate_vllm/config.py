@@ -32,6 +32,8 @@ class HiStateConfig:
     interval: str | int = "adaptive"
     # Most bytes of SSD writes queued in the background before new ones are dropped.
     ssd_queue_bytes: int = 256 << 20
+    # An SSD restore not done after this many seconds is abandoned and recomputed.
+    ssd_read_timeout_s: float = 60.0
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> HiStateConfig:
@@ -59,6 +61,8 @@ class HiStateConfig:
                 if "ssd_queue_bytes" in extra
                 else cls.ssd_queue_bytes
             ),
+            ssd_read_timeout_s=_positive_seconds(extra, "ssd_read_timeout_s",
+                                                 cls.ssd_read_timeout_s),
         )
         if cfg.ssd_dir is not None and cfg.ssd_bytes <= 0:
             raise ConfigError(
@@ -94,6 +98,16 @@ def _nonneg_int(extra: dict[str, Any], key: str) -> int:
     if value < 0:
         raise ConfigError(f"HiStateConnector: '{key}' must be >= 0, got {value}")
     return value
+
+
+def _positive_seconds(extra: dict[str, Any], key: str, default: float) -> float:
+    value = extra.get(key, default)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not 0 < value < float("inf"):
+        raise ConfigError(
+            f"HiStateConnector: '{key}' must be a positive number of seconds, got {value!r}"
+        )
+    return float(value)
 
 
 def _choice(extra: dict[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:

@@ -49,8 +49,10 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 
+from histate_vllm import rank_reports
 from histate_vllm.config import HiStateConfig
-from histate_vllm.layout import CacheLayout, store_identity
+from histate_vllm.identity import check_parallelism, store_identity, store_root
+from histate_vllm.layout import CacheLayout
 from histate_vllm.spec import HiStateSpec
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
@@ -58,21 +60,18 @@ logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format
 
 @dataclass
 class HiStateWorkerMetadata(OffloadingWorkerMetadata):
-    # key -> written to SSD (False: the write failed or was dropped).
-    ssd_written: dict[bytes, bool] = field(default_factory=dict)
-    # Keys found corrupt or missing on SSD (quarantined there).
+    # key -> (ranks that finished writing it to SSD, all of them ok); see rank_reports.
+    ssd_written: dict[bytes, tuple[int, bool]] = field(default_factory=dict)
+    # Keys found corrupt or missing on SSD (quarantined there), by any rank.
     ssd_lost: set[bytes] = field(default_factory=set)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         base = super().aggregate(other)
         assert isinstance(other, HiStateWorkerMetadata)
-        written = dict(self.ssd_written)
-        for key, ok in other.ssd_written.items():  # on SSD only if every rank wrote it
-            written[key] = written.get(key, True) and ok
         return HiStateWorkerMetadata(
             completed_jobs=base.completed_jobs,
             transfer_stats=base.transfer_stats,
-            ssd_written=written,
+            ssd_written=rank_reports.merge(self.ssd_written, other.ssd_written),
             ssd_lost=self.ssd_lost | other.ssd_lost,
         )
 
@@ -83,6 +82,8 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         self._cache_config = vllm_config.cache_config
         self._layout = spec.layout
         self._pending_state_output: SchedulerOutput | None = None
+        # vLLM counts job completions the same way (one per worker).
+        self._ssd_tally = rank_reports.SSDReportTally(vllm_config.parallel_config.world_size)
 
     def _keep_block_size(self) -> None:
         """Prefill chunks must end on KV blocks, or no recurrent state is ever saved.
@@ -165,7 +166,8 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         bs = scheduler_output.kv_connector_block_state
         meta = super().build_connector_meta(scheduler_output)
         # After every store job of the step, so each state's chunks are already staged.
-        meta.ssd_writes = self.manager.take_ssd_writes()
+        # Deletes (and a reset) first: they were decided before this step's writes.
+        meta.ssd_writes = self.manager.take_ssd_deletes() + self.manager.take_ssd_writes()
         return meta
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -174,7 +176,9 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
             if meta.ssd_lost:
                 self.manager.on_ssd_lost(meta.ssd_lost, "corrupt or missing on restore")
             if meta.ssd_written:
-                self.manager.on_ssd_written(meta.ssd_written)
+                done = self._ssd_tally.add(meta.ssd_written)
+                if done:
+                    self.manager.on_ssd_written(done)
         super().update_connector_output(connector_output)
 
 
@@ -218,7 +222,8 @@ class HiStateConnectorWorker(OffloadingConnectorWorker):
 
     def build_connector_worker_meta(self):
         meta = self._connector_worker_meta
-        meta.ssd_written.update(self.worker.ssd_written)
+        for key, ok in self.worker.ssd_written.items():
+            meta.ssd_written[key] = (1, ok)  # this rank's outcome
         meta.ssd_lost.update(self.worker.ssd_lost)
         self.worker.ssd_written.clear()
         self.worker.ssd_lost.clear()
@@ -239,6 +244,7 @@ class HiStateConnector(OffloadingConnector):
             # A restore that fails verification must fall back to recomputation, not
             # fail the user's request.
             transfer_config.kv_load_failure_policy = "recompute"
+        check_parallelism(vllm_config)
         layout = CacheLayout.from_config(kv_cache_config)
         offloading = build_offloading_config(vllm_config, kv_cache_config)
         # Multi-turn continuations reuse decoded tokens too.
@@ -247,6 +253,7 @@ class HiStateConnector(OffloadingConnector):
             offloading, histate, layout, store_identity(vllm_config, layout),
             max_model_len=vllm_config.model_config.max_model_len,
             step_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+            store_root=store_root(histate.ssd_dir, vllm_config),
         )
         self._canonical_layout = offloading.canonical_layout
         self.connector_scheduler = None

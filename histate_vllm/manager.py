@@ -9,6 +9,7 @@ process; the worker moves the bytes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Iterable
 
 from vllm.logger import init_logger
@@ -28,7 +29,7 @@ from histate_vllm.config import HiStateConfig
 from histate_vllm.layout import CacheLayout
 from histate_vllm.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.policy import Tier, make_policy
-from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec, SSDWrite
+from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec, SSDDelete, SSDReset, SSDWrite
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
@@ -43,9 +44,13 @@ class HiStateManager(OffloadingManager):
         store=None,
         enable_events: bool = False,
         step_tokens: int | None = None,
+        store_index=None,
+        store_lock=None,
     ):
         """step_tokens: most tokens one engine step prefills (vLLM's max_num_batched_tokens);
-        the policy keeps that many blocks of DRAM free for copies moving to SSD."""
+        the policy keeps that many blocks of DRAM free for copies moving to SSD.
+        store_index: what `store.startup.open_for_engine` found (scanned here if None);
+        store_lock: its lock, held as long as this manager lives."""
         self.layout = layout
         self.config = config
         self.store = store
@@ -86,8 +91,13 @@ class HiStateManager(OffloadingManager):
             on_dram=self._dram_event if enable_events else None,
         )
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
+        # Deletes and resets for every worker's store, in the order decided.
+        self._ssd_ops: list[SSDDelete | SSDReset] = []
+        # Writes in flight at a connector reset: their outcome no longer counts.
+        self._void_writes: set[bytes] = set()
+        self.store_lock = store_lock
         if store is not None:
-            self._load_store_index()
+            self._load_store_index(store_index)
 
     @property
     def _entries(self):
@@ -106,9 +116,10 @@ class HiStateManager(OffloadingManager):
 
     # --- start-up ---
 
-    def _load_store_index(self) -> None:
+    def _load_store_index(self, index=None) -> None:
         """Re-admit what a previous run left on SSD (manifests and sizes only)."""
-        index = self.store.scan()
+        if index is None:
+            index = self.store.scan()
         checkpoints, chunks = self.orch.restore(index.checkpoints, index.chunks)
         logger.info("HiState: found %d checkpoints and %d KV chunks on SSD (%s)",
                     checkpoints, chunks, self.store.root)
@@ -201,13 +212,34 @@ class HiStateManager(OffloadingManager):
         if stored and self.events is not None:
             self.events.append(OffloadingEvent(keys=stored, medium=Medium.CPU, removed=False))
 
+    def take_ssd_deletes(self) -> list[SSDDelete | SSDReset]:
+        """Deletes (and resets) every worker applies to its own store, in this order,
+        before this step's writes: each rank holds its own shard of every key."""
+        ops, self._ssd_ops = self._ssd_ops, []
+        return ops
+
     def on_ssd_written(self, results: dict[bytes, bool]) -> None:
-        """The worker finished (or gave up) writing these keys to SSD."""
+        """Every worker finished (or gave up) writing these keys to SSD."""
+        voided = self._void_writes.intersection(results) if self._void_writes else ()
+        if voided:
+            # Written before the reset into the store the reset deletes, from a DRAM copy
+            # of the old weights: neither copy may be used.
+            self._void_writes.difference_update(voided)
+            results = {k: ok and k not in voided for k, ok in results.items()}
         self.orch.on_ssd_written(results)
+        for key in voided:
+            entry = self.orch.entries.get(key)
+            if entry is not None and entry.slot >= 0 and not entry.ssd_pending:
+                self.orch._release_slot(key, entry)
+                self.policy.remove(key, Tier.DRAM, "connector reset")
 
     def on_ssd_lost(self, keys: Iterable[bytes], reason: str) -> None:
-        """Keys the worker found corrupt or missing on SSD (already quarantined there)."""
+        """Keys a worker found corrupt or missing on SSD (quarantined there)."""
+        keys = list(keys)
+        kinds = {k: e.is_state for k in keys if (e := self.orch.entries.get(k)) and e.on_ssd}
         self.orch.on_ssd_lost(keys, reason)
+        # The other ranks still hold their shards: delete them too.
+        self._ssd_ops.extend(SSDDelete(k, is_state) for k, is_state in kinds.items())
 
     def apply_demotions(self) -> None:
         self.orch.apply_demotions()
@@ -216,13 +248,8 @@ class HiStateManager(OffloadingManager):
         self.events.append(OffloadingEvent(keys=keys, medium=Medium.CPU, removed=removed))
 
     def _delete_from_store(self, key: bytes, is_state: bool) -> None:
-        try:
-            if is_state:
-                self.store.delete_checkpoint(key)
-            else:
-                self.store.delete_chunk(key)
-        except OSError as exc:  # never take the server down for a cache file
-            logger.warning("HiState: could not delete %s from SSD: %s", key.hex()[:16], exc)
+        # Not here: this process sees rank 0's store only. Every worker deletes its shard.
+        self._ssd_ops.append(SSDDelete(key, is_state))
 
     # --- misc ---
 
@@ -232,7 +259,19 @@ class HiStateManager(OffloadingManager):
             self.events.clear()
 
     def reset_cache(self) -> None:
+        """Forget every cached copy (vLLM's reset_prefix_cache(reset_connector=True), e.g.
+        after a weight update): DRAM copies, SSD entries, and writes in flight."""
         self.orch.reset_cache()
+        if self.store is None:
+            return
+        entries = self.orch.entries
+        self._void_writes.update(k for k, e in entries.items() if e.ssd_pending)
+        self.orch.on_ssd_lost([k for k, e in entries.items() if e.on_ssd], "connector reset")
+        # Pending deletes are moot: the workers drop the whole store, after the writes
+        # already ordered, and write the next entries under a new identity.
+        self._ssd_ops = [SSDReset(f"{time.time_ns():x}")]
+        logger.info("HiState: connector reset; SSD entries dropped, %d writes in flight void",
+                    len(self._void_writes))
 
     def dram_slots_in_use(self) -> int:
         return self.orch.pool.in_use()

@@ -3,7 +3,7 @@
     python -m histate_vllm.offline SPEC.json OUT.json
 
 SPEC: {"model": dir, "connector": extra_config or null, "requests": [...], and optional
-engine settings}. A request is {"name", "prompt": [token ids], "max_tokens"} or a flood,
+engine settings (e.g. "tensor_parallel_size"; "env": variables set before vLLM starts)}. A request is {"name", "prompt": [token ids], "max_tokens"} or a flood,
 {"name", "flood": F, "prompt_tokens": N}: prompts of at most N fresh tokens (deterministic
 per name), F times the GPU cache's capacity in all, sized once the engine says how many
 tokens its blocks hold (it depends on the machine: 256 or 384 for the tiny model).
@@ -131,6 +131,7 @@ def expand_requests(requests: list[dict], layout: dict) -> list[dict]:
 def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.update(spec.get("env", {}))  # before vllm reads its environment
     if spec.get("log_level"):
         os.environ["VLLM_LOGGING_LEVEL"] = spec["log_level"]
     from vllm import LLM, SamplingParams
@@ -147,6 +148,7 @@ def main(spec_path: str, out_path: str) -> None:
         seed=0,
         enforce_eager=True,
         disable_log_stats=False,
+        tensor_parallel_size=spec.get("tensor_parallel_size", 1),
     )
     if spec.get("ssm_dtype"):
         # The recurrent state's dtype sets the KV block size (pages of both kinds match):

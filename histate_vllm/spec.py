@@ -10,6 +10,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from histate_vllm.config import HiStateConfig
 from histate_vllm.layout import CacheLayout
 from histate_vllm.store import SSDStore, StoreIdentity
+from histate_vllm.store.startup import open_for_engine
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
@@ -23,7 +24,10 @@ class HiStateSpec(OffloadingSpec):
         identity: StoreIdentity,
         max_model_len: int,
         step_tokens: int | None = None,
+        store_root: str | None = None,
     ):
+        """store_root: where this engine's stores live (ssd_dir, or a data-parallel
+        rank's directory in it); None without an SSD tier."""
         super().__init__(config)
         if self.blocks_per_chunk != 1:
             raise ValueError("HiStateConnector offloads one vLLM block per key")
@@ -32,30 +36,57 @@ class HiStateSpec(OffloadingSpec):
         self.identity = identity
         self.max_model_len = max_model_len
         self.step_tokens = step_tokens
+        self.store_root = store_root
         self._manager = None
         self._worker = None
 
     def open_store(self) -> SSDStore | None:
-        if self.histate.ssd_dir is None:
+        """The worker's store: this rank's shard (the identity names the rank)."""
+        if self.store_root is None:
             return None
-        store = SSDStore(self.histate.ssd_dir, self.identity, budget_bytes=self.histate.ssd_bytes)
+        store = SSDStore(self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes)
+        self._warn_unwritable(store)
+        return store
+
+    def _warn_unwritable(self, store: SSDStore) -> None:
         if store.unavailable_reason is not None:
             logger.warning(
                 "HiState: SSD store %s is not writable (%s); serving with DRAM only",
-                self.histate.ssd_dir, store.unavailable_reason,
+                store.root, store.unavailable_reason,
             )
-        return store
+
+    def open_scheduler_store(self):
+        """(store, lock, index) for the scheduler, or Nones without an SSD tier.
+
+        Takes the store's lock (a second engine on this directory stops here, naming the
+        first), reconciles the ranks' stores and collects orphans (see store.startup)."""
+        if self.store_root is None:
+            return None, None, None
+        store, lock, index, report = open_for_engine(
+            self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes,
+            lock_wait_s=10.0,  # a restarted engine's predecessor may still be exiting
+        )
+        self._warn_unwritable(store)
+        logger.info(
+            "HiState: SSD store %s: %d checkpoints usable, %d orphan files removed, "
+            "%d checkpoints not held by every rank removed",
+            store.layout.dir, report.checkpoints, report.orphans_removed, report.rank_mismatches,
+        )
+        return store, lock, index
 
     def get_manager(self):
         if self._manager is None:
             from histate_vllm.manager import HiStateManager
 
+            store, lock, index = self.open_scheduler_store()
             self._manager = HiStateManager(
                 self.layout,
                 self.histate,
                 tokens_per_hash=self.tokens_per_hash,
                 max_model_len=self.max_model_len,
-                store=self.open_store(),
+                store=store,
+                store_index=index,
+                store_lock=lock,
                 enable_events=self.kv_events_config.enable_kv_cache_events,
                 step_tokens=self.step_tokens,
             )
@@ -71,5 +102,6 @@ class HiStateSpec(OffloadingSpec):
                 num_slots=self.histate.dram_bytes // self.layout.key_bytes,
                 store=self.open_store(),
                 ssd_queue_bytes=self.histate.ssd_queue_bytes,
+                ssd_read_timeout_s=self.histate.ssd_read_timeout_s,
             )
         return self._worker

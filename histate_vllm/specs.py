@@ -12,6 +12,23 @@ from vllm.v1.kv_offload.base import LoadStoreSpec
 from histate_vllm.orchestration import SSDWrite  # noqa: F401  (sent to the worker)
 
 
+@dataclass(frozen=True)
+class SSDDelete:
+    """Delete a key from every rank's store: the scheduler's eviction, applied by each
+    worker to its own shard, in order with the writes around it."""
+
+    key: bytes
+    is_state: bool
+
+
+@dataclass(frozen=True)
+class SSDReset:
+    """Forget every entry (a connector reset): later entries go to the store of
+    `generation`, a fresh directory; the old one is deleted."""
+
+    generation: str
+
+
 @dataclass
 class HiStateStoreSpec(LoadStoreSpec):
     # DRAM slot for each key.

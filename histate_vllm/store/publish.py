@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Sequence
 
+from histate_vllm.store import quarantine
 from histate_vllm.store.directio import DirectIOUnsupported
 from histate_vllm.store.errors import ChunkConflict, MissingEntry
 from histate_vllm.store.fileio import (
@@ -64,13 +65,28 @@ class PublishMixin:
     algo: ChecksumAlgo
     fsync: bool
     direct_io: bool
+    quarantine_keep: int
     _digest: str
 
-    def write_chunk(self, key: bytes, payload, *, provenance: str, sync_dir: bool = False) -> int:
+    def write_chunk(
+        self,
+        key: bytes,
+        payload,
+        *,
+        provenance: str,
+        sync_dir: bool = False,
+        on_conflict: str = "raise",
+    ) -> int:
         """Write a KV chunk once; return its size on disk.
 
         Idempotent: if the key is present with the same bytes, nothing is written.
-        Raises ChunkConflict if it holds other bytes (another computation's).
+        If it holds other bytes (another computation's, e.g. a leftover from before a
+        restart recomputed with slightly different bits): `on_conflict="raise"` raises
+        ChunkConflict; `"replace"` quarantines the old chunk together with every
+        checkpoint that references it (they were computed over the old bytes, so they
+        must not meet the new ones), then writes the new bytes. A replace costs one
+        read of every manifest; conflicts are rare (only chunks the caller's index did
+        not know about), and it never leaves later checkpoints of this chunk blocked.
 
         Crash-safe: the file is written under a temporary name, fsynced and renamed,
         so its final name never holds partial bytes. Its directory entry is made
@@ -99,10 +115,15 @@ class PublishMixin:
             ):
                 if h.nbytes == len(mv) and checksum(h.algo, mv) == h.checksum:
                     return size
-                raise ChunkConflict(
-                    key,
+                detail = (
                     f"on disk {h.nbytes} bytes from {h.provenance!r}, "
-                    f"new {len(mv)} bytes from {provenance!r}",
+                    f"new {len(mv)} bytes from {provenance!r}"
+                )
+                if on_conflict != "replace":
+                    raise ChunkConflict(key, detail)
+                quarantine.quarantine_chunk(
+                    self.layout, key, f"replaced by a recomputation ({detail})",
+                    keep=self.quarantine_keep,
                 )
         header = encode_header(
             PayloadHeader(

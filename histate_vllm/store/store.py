@@ -78,6 +78,16 @@ class SSDStore(PublishMixin, RestoreMixin):
         except OSError as e:
             self._fail(classify(e, "open store directory"))
 
+    @classmethod
+    def existing(
+        cls, root: str | os.PathLike, identity: StoreIdentity, **kwargs
+    ) -> SSDStore | None:
+        """The store of `identity` if its directory exists under `root`, else None
+        (nothing is created: e.g. another tensor-parallel rank's store, for cleanup)."""
+        if not os.path.isdir(os.path.join(os.fspath(root), identity.digest())):
+            return None
+        return cls(root, identity, budget_bytes=0, **kwargs)
+
     # -- status -----------------------------------------------------------------
 
     @property

@@ -22,6 +22,10 @@ rejected is not published (it could splice another computation's bytes).
 
 Completions: `on_done(key, ok, reason)` is called on the writer thread if given;
 otherwise `Completion`s accumulate until `drain_finished()` (poll it every step).
+
+Tasks: `submit_task(fn)` runs `fn(store)` on the writer thread in the same order
+(deletes, resets), so a delete ordered after a write never overtakes it. Tasks are
+never rejected and report no completion; an error is logged.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class _Item:
     __slots__ = (
         "cancelled",
         "chunk_keys",
+        "fn",
         "key",
         "kind",
         "nbytes",
@@ -75,6 +80,7 @@ class _Item:
         self.chunk_keys = chunk_keys
         self.cancelled = False
         self.waiters = 1  # submits this write answers
+        self.fn = None  # a task: called with the store
 
 
 class StoreWriter:
@@ -167,6 +173,14 @@ class StoreWriter:
         self._emit(done)
         return accepted
 
+    def submit_task(self, fn: Callable[[SSDStore], object], *, what: str) -> None:
+        """Run `fn(self.store)` on the writer thread after everything queued before it."""
+        with self._cv:
+            self._check_open()
+            item = _Item("task", b"", b"", what)
+            item.fn = fn
+            self._enqueue_locked(item)
+
     def drain_finished(self) -> list[Completion]:
         """Completions reported since the last call (when no `on_done` was given)."""
         with self._cv:
@@ -192,6 +206,8 @@ class StoreWriter:
                     if self._open_chunks.get(it.key) is it:
                         del self._open_chunks[it.key]
                     it.payload = None
+                    if it.kind == "task":
+                        continue  # a dropped task reports nothing
                     done += [Completion(it.key, it.kind, False, "writer closed", 0)] * it.waiters
                 self._queued_ckpt.clear()
             self._cv.notify_all()
@@ -257,6 +273,9 @@ class StoreWriter:
                     if blocked is not None:
                         why = self._failed_chunks[blocked]
                         blocked = f"chunk {blocked.hex()[:16]}… not written ({why})"
+            if item.kind == "task":
+                self._run_task(item)
+                continue
             ok, reason, nbytes = self._execute(item, blocked)
             with self._cv:
                 self._pending_bytes -= item.nbytes
@@ -278,12 +297,24 @@ class StoreWriter:
                 self._inflight = None
                 self._cv.notify_all()
 
+    def _run_task(self, item: _Item) -> None:
+        try:
+            item.fn(self.store)
+        except Exception:
+            logger.exception("store writer: %s failed; the store keeps working", item.provenance)
+        with self._cv:
+            item.fn = None
+            self._inflight = None
+            self._cv.notify_all()
+
     def _execute(self, item: _Item, blocked: str | None) -> tuple[bool, str, int]:
         if blocked is not None:
             return False, blocked, 0
         try:
             if item.kind == "chunk":
-                n = self.store.write_chunk(item.key, item.payload, provenance=item.provenance)
+                n = self.store.write_chunk(
+                    item.key, item.payload, provenance=item.provenance, on_conflict="replace"
+                )
             else:
                 n = self.store.publish_checkpoint(
                     item.key,

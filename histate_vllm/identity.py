@@ -1,0 +1,143 @@
+"""What must match for bytes on SSD to be valid in this engine, and where the store lives.
+
+Each process (scheduler, every worker) computes both from its own copy of the vLLM
+config. The identity covers everything that changes the bytes of a KV page or a state
+(weights, dtypes, quantization, config overrides, block layout, the rank's shard) or the
+keys (the prefix hash function); its digest names the store's directory, so entries of
+any other identity are never even looked at.
+
+Weights that cannot be pinned (a callable hf_overrides, dummy weights, a hub model not
+found in the local cache) get `weights="unpinned: ..."`: the store then serves within
+one run and is wiped at the next start (see `store.startup`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from histate_vllm.layout import CacheLayout
+from histate_vllm.store import StoreIdentity
+
+UNPINNED = "unpinned"
+
+
+def store_identity(vllm_config, layout: CacheLayout) -> StoreIdentity:
+    """Everything that must match for bytes on disk to be valid for this engine."""
+    import vllm
+
+    model_config = vllm_config.model_config
+    cache_config = vllm_config.cache_config
+    parallel = vllm_config.parallel_config
+    dtype = cache_config.cache_dtype
+    if dtype == "auto":
+        dtype = str(model_config.dtype).removeprefix("torch.")
+    extra = {
+        "model_dtype": str(model_config.dtype).removeprefix("torch."),
+        "mamba_dtype": str(getattr(cache_config, "mamba_cache_dtype", "auto")),
+        "mamba_ssm_dtype": str(getattr(cache_config, "mamba_ssm_cache_dtype", "auto")),
+        "quantization": str(model_config.quantization),
+        "quantization_config": _canonical(getattr(model_config, "quantization_config", None)),
+        "hash": str(cache_config.prefix_caching_hash_algo),
+        "dcp": int(getattr(parallel, "decode_context_parallel_size", 1)),
+    }
+    return StoreIdentity(
+        model=str(model_config.model),
+        weights=weights_id(vllm_config),
+        dtype=str(dtype),
+        kv_layout=json.dumps(
+            {"groups": layout.group_ids, "state_groups": sorted(layout.state_group_ids)}
+        ),
+        block_size=layout.block_tokens,
+        # Each tensor-parallel rank keeps its own shard of every page in its own store.
+        tp_rank=parallel.rank,
+        tp_size=parallel.tensor_parallel_size,
+        page_bytes=layout.key_bytes,
+        vllm_version=vllm.__version__,
+        extra=json.dumps(extra, sort_keys=True),
+    )
+
+
+def weights_id(vllm_config) -> str:
+    """The weights, as far as they can be pinned: revision, a fingerprint of the files,
+    config overrides and the load format. `unpinned: why` where they cannot be."""
+    model_config = vllm_config.model_config
+    overrides = model_config.hf_overrides
+    if callable(overrides):
+        return f"{UNPINNED}: hf_overrides is a function"
+    load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", "auto"))
+    if load_format == "dummy":
+        return f"{UNPINNED}: dummy weights"
+    path = _local_model_dir(str(model_config.model), model_config.revision)
+    if path is None:
+        return f"{UNPINNED}: {model_config.model} not found on local disk"
+    fingerprint = weights_fingerprint(path)
+    parts = [model_config.revision or "", path.name, fingerprint, load_format]
+    if overrides:
+        parts.append("overrides=" + _canonical(overrides))
+    return "#".join(parts)
+
+
+def weights_fingerprint(path: Path) -> str:
+    """A model directory's config and the size and mtime of each weight file (symlinks
+    into the hub cache followed), so rebuilt weights never match old states (a rebuild
+    only costs a cold cache)."""
+    h = hashlib.sha256()
+    config = path / "config.json"
+    if config.exists():
+        h.update(config.read_bytes())
+    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
+    files += sorted(path.glob("*.pt")) + sorted(path.glob("*.gguf"))
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _local_model_dir(model: str, revision: str | None) -> Path | None:
+    """The directory holding the model's files: the path itself, or the hub model's
+    snapshot in the local cache (vLLM downloaded it before the connector starts)."""
+    path = Path(model)
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(model, revision=revision, local_files_only=True)
+    except Exception:  # not a hub id, not cached, no huggingface_hub: cannot pin
+        return None
+    return Path(local) if os.path.isdir(local) else None
+
+
+def _canonical(value) -> str:
+    if value is None:
+        return ""
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    return json.dumps(value, sort_keys=True, default=repr)
+
+
+def store_root(ssd_dir: str | None, vllm_config) -> str | None:
+    """Where this engine's stores live: `ssd_dir`, or `ssd_dir/dp<rank>` for each engine
+    of vLLM's data parallelism (engines of one host never share a store directory)."""
+    if ssd_dir is None:
+        return None
+    parallel = vllm_config.parallel_config
+    if parallel.data_parallel_size > 1:
+        return os.path.join(ssd_dir, f"dp{parallel.data_parallel_rank}")
+    return ssd_dir
+
+
+def check_parallelism(vllm_config) -> None:
+    """Refuse layouts whose shards the connector does not track (one store per rank
+    assumes every rank holds the same keys)."""
+    parallel = vllm_config.parallel_config
+    for name in ("pipeline_parallel_size", "prefill_context_parallel_size"):
+        n = getattr(parallel, name, 1)
+        if n != 1:
+            raise ValueError(
+                f"HiStateConnector does not support {name}={n}; tensor and data "
+                "parallelism are supported"
+            )

@@ -1,0 +1,87 @@
+"""The scheduler's manager and the SSD tier without an engine: its deletes go to every
+rank (not to rank 0's store here), and a connector reset makes every entry unreachable,
+including writes still in flight."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "store"))
+from store_helpers import IDENTITY, make_key, make_payload  # noqa: E402
+
+from histate_vllm.config import HiStateConfig  # noqa: E402
+from histate_vllm.layout import CacheLayout  # noqa: E402
+from histate_vllm.manager import HiStateManager  # noqa: E402
+from histate_vllm.specs import SSDDelete, SSDReset  # noqa: E402
+from histate_vllm.store import SSDStore  # noqa: E402
+
+KEY = 4096
+BT = 256
+LAYOUT = CacheLayout(group_ids=(0, 1), state_group_ids=frozenset({1}), key_bytes=KEY,
+                     block_tokens=BT)
+
+
+def published(tmp_path, n_blocks=2):
+    store = SSDStore(tmp_path, IDENTITY, budget_bytes=1 << 30)
+    chunks = [make_key(f"b{i}", 0) for i in range(n_blocks)]
+    for c in chunks:
+        store.write_chunk(c, make_payload(KEY, c.hex()), provenance="p")
+    state = make_key(f"b{n_blocks - 1}", 1)
+    store.publish_checkpoint(state, make_payload(KEY, "s"), position=n_blocks * BT,
+                             chunk_keys=chunks, provenance="p")
+    return store, chunks, state
+
+
+def manager(store, ssd_bytes=1 << 30):
+    cfg = HiStateConfig(dram_bytes=16 * KEY, ssd_dir=store.root, ssd_bytes=ssd_bytes)
+    return HiStateManager(LAYOUT, cfg, tokens_per_hash=BT, max_model_len=8192, store=store)
+
+
+def test_evictions_become_deletes_for_every_rank(tmp_path):
+    store, chunks, state = published(tmp_path)
+    # A budget too small for what the previous run left: restore evicts it.
+    m = manager(store, ssd_bytes=1)
+    ops = m.take_ssd_deletes()
+    assert set(ops) == {SSDDelete(state, True)} | {SSDDelete(c, False) for c in chunks}
+    assert m.take_ssd_deletes() == []
+    # Not deleted here: each worker deletes its own rank's shard, in order with writes.
+    assert store.has_checkpoint(state) and all(store.has_chunk(c) for c in chunks)
+
+
+def test_lost_keys_are_deleted_on_the_other_ranks(tmp_path):
+    store, chunks, state = published(tmp_path)
+    m = manager(store)
+    assert m.orch.readable(state)
+    m.on_ssd_lost([state], "corrupt on rank 1")
+    assert not m.orch.readable(state)
+    assert m.take_ssd_deletes() == [SSDDelete(state, True)]
+
+
+def test_reset_forgets_every_entry_and_orders_a_reset(tmp_path):
+    store, chunks, state = published(tmp_path)
+    m = manager(store)
+    assert all(m.orch.readable(k) for k in (state, *chunks))
+    m.reset_cache()
+    assert not any(m.orch.readable(k) for k in (state, *chunks))
+    [op] = m.take_ssd_deletes()
+    assert isinstance(op, SSDReset) and op.generation
+
+
+def test_write_in_flight_at_a_reset_never_becomes_readable(tmp_path):
+    store, _, _ = published(tmp_path)
+    m = manager(store)
+    orch = m.orch
+    hb = [b"x" * 32, b"y" * 32]
+    keys = [h + (0).to_bytes(4, "big") for h in hb]
+    orch.note_hit("r", 0)
+    stored, _, _ = orch.offer("r", keys, [BT, 2 * BT], hb, 2 * BT + 1)
+    orch.complete_store(stored, True)
+    writes = m.take_ssd_writes()
+    pending = [w.key for w in writes]
+    assert pending and all(orch.entries[k].ssd_pending for k in pending)
+    m.reset_cache()
+    # Written by the workers before they wiped the store: ok, but void.
+    m.on_ssd_written({k: True for k in pending})
+    assert not any(orch.readable(k) for k in pending)
+    assert m.dram_slots_in_use() == 0
