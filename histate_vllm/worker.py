@@ -130,7 +130,7 @@ class HiStateWorker(OffloadingWorker):
         for views, block_ids, keys in self._blocks_by_group(dst):
             self._copy_to_blocks(views, block_ids, self.dram[torch.from_numpy(slots[keys])])
 
-    def _load_with_ssd(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec) -> float:
+    def _load_with_ssd(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec) -> tuple[float, int]:
         """Restore a job key by key through one staging buffer, each verified before copying.
 
         Nothing restored here can run before the whole job reports success: on failure
@@ -151,7 +151,8 @@ class HiStateWorker(OffloadingWorker):
                 else:
                     self.store.read_chunk(key, self._staging[0])
                 self._copy_to_blocks(views, [block_id], staged)
-        return time.perf_counter() - t0
+        # With the bytes moved: vLLM drops a load's transfer stats when their size is unknown.
+        return time.perf_counter() - t0, len(src.keys) * self.key_bytes
 
     # --- DRAM -> SSD ---
 
@@ -185,8 +186,8 @@ class HiStateWorker(OffloadingWorker):
                 continue
             del self._loads[job_id]
             try:
-                elapsed = fut.result()
-                done.append(TransferResult(job_id, True, None, elapsed))
+                elapsed, nbytes = fut.result()
+                done.append(TransferResult(job_id, True, nbytes, elapsed))
             except (CorruptEntry, MissingEntry) as exc:
                 logger.warning("HiState: restore failed, falling back to recompute: %s", exc)
                 self.ssd_lost.add(exc.key)
