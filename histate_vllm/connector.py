@@ -169,6 +169,8 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         return meta
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if connector_output.failed_recving:  # before super() completes their loads
+            self.manager.note_failed_loads(connector_output.failed_recving)
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, HiStateWorkerMetadata):
             if meta.ssd_lost:
@@ -255,6 +257,12 @@ class HiStateConnector(OffloadingConnector):
             self.connector_scheduler = HiStateConnectorScheduler(spec, vllm_config, kv_cache_config)
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = HiStateConnectorWorker(spec, vllm_config, kv_cache_config)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        from histate_vllm.metrics import HiStatePromMetrics
+
+        return HiStatePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:

@@ -9,7 +9,10 @@ process; the worker moves the bytes.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import os
+import time
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
 
 from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import (
@@ -25,10 +28,13 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from histate_vllm.config import HiStateConfig
+from histate_vllm.eventlog import EventLogWriter, Lookup, fingerprints
 from histate_vllm.layout import CacheLayout
+from histate_vllm.metrics import to_stats
 from histate_vllm.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.policy import Tier, make_policy
 from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec, SSDWrite
+from histate_vllm.telemetry import Telemetry, summary
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
@@ -86,6 +92,7 @@ class HiStateManager(OffloadingManager):
             on_dram=self._dram_event if enable_events else None,
         )
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
+        self._init_observability()
         if store is not None:
             self._load_store_index()
 
@@ -124,6 +131,7 @@ class HiStateManager(OffloadingManager):
         nb = gpu_tokens // self.layout.block_tokens
         self.orch.note_hit(request.request_id, hit_tokens,
                            (lambda: self._block_hashes(request)[:nb]) if nb else None)
+        self._note_lookup(request, hit_tokens, gpu_tokens)
 
     def capture_positions(self, request) -> list[int]:
         """Where the policy wants this request's states (ascending, block-aligned).
@@ -144,6 +152,7 @@ class HiStateManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._requests.pop(req_context.req_id, None)
+        self.telemetry.request_finished(req_context.req_id)
         self.orch.request_finished(req_context.req_id)
 
     # --- lookup and load ---
@@ -157,6 +166,7 @@ class HiStateManager(OffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HiStateLoadSpec:
         keys = list(keys)
         slots, is_state = self.orch.prepare_load(keys)
+        self._note_load(req_context.req_id, keys, slots)
         return HiStateLoadSpec(slots=slots, keys=keys, is_state=is_state)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -164,6 +174,7 @@ class HiStateManager(OffloadingManager):
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.orch.complete_load(keys)
+        self.telemetry.load_done(req_context.req_id)
 
     # --- store ---
 
@@ -193,7 +204,10 @@ class HiStateManager(OffloadingManager):
 
     def take_ssd_writes(self) -> list[SSDWrite]:
         """SSD copies of what this step staged in DRAM; called after all its store jobs."""
-        return self.orch.take_ssd_writes()
+        writes = self.orch.take_ssd_writes()
+        self.telemetry.add("ssd_writes", len(writes))
+        self._maybe_log_summary()  # once per step: the summary needs no thread of its own
+        return writes
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
                        success: bool = True) -> None:
@@ -203,6 +217,10 @@ class HiStateManager(OffloadingManager):
 
     def on_ssd_written(self, results: dict[bytes, bool]) -> None:
         """The worker finished (or gave up) writing these keys to SSD."""
+        entries = self.orch.entries
+        dropped = sum(1 for k, ok in results.items()
+                      if not ok and (e := entries.get(k)) is not None and e.ssd_pending)
+        self.telemetry.add("ssd_writes_dropped", dropped)
         self.orch.on_ssd_written(results)
 
     def on_ssd_lost(self, keys: Iterable[bytes], reason: str) -> None:
@@ -236,3 +254,155 @@ class HiStateManager(OffloadingManager):
 
     def dram_slots_in_use(self) -> int:
         return self.orch.pool.in_use()
+
+    # --- observability (telemetry.py counts, metrics.py publishes, eventlog.py keeps) ---
+
+    GAUGE_INTERVAL = 1.0  # seconds between scans of the entries for the gauges
+
+    def _init_observability(self) -> None:
+        self.telemetry = Telemetry(self.layout.block_tokens, time.monotonic)
+        self.orch.on_events = self._on_policy_events
+        self._summary_at = time.monotonic()
+        self._gauges_at = float("-inf")
+        self._other_stores = self._sibling_stores()
+        log_dir = self.config.event_log_dir
+        if log_dir is None and self.store is not None:
+            log_dir = os.path.join(self.store.layout.dir, "events")
+        self.event_log: EventLogWriter | None = None
+        if log_dir is not None:
+            try:
+                self.event_log = EventLogWriter(log_dir, max_bytes=self.config.event_log_bytes)
+            except OSError as exc:
+                logger.warning("HiState: no event log in %s: %s", log_dir, exc)
+
+    def _on_policy_events(self, events) -> None:
+        entries = self.orch.entries
+        self.telemetry.on_events(events, lambda k: k not in entries)
+        if self.event_log is not None:
+            self.event_log.append(events=events)
+
+    def _note_lookup(self, request, hit_tokens: int, gpu_tokens: int) -> None:
+        """Once per request: was anything cached past where it resumes, and why not used."""
+        rid = request.request_id
+        if self.telemetry.looked_up(rid):
+            return
+        bt = self.layout.block_tokens
+        hashes = self._block_hashes(request)
+        hit = self.policy.restorable(hashes) if hashes else None
+        shared = hit.shared if hit is not None else 0
+        usable = (request.num_prompt_tokens - 1) // bt * bt
+        miss = self.telemetry.lookup(rid, hashes, hit_tokens, usable, shared, self._writing,
+                                     self._elsewhere if self._other_stores else None)
+        if self.event_log is not None:
+            self.event_log.append(lookups=[Lookup(
+                t=time.time(), request_id=rid, prompt_tokens=request.num_prompt_tokens,
+                block_tokens=bt, covered=hit_tokens, gpu=gpu_tokens,
+                position=hit.position if hit is not None else 0, shared=shared,
+                cause=miss[0] if miss else "", missed=miss[1] if miss else 0,
+                fps=fingerprints(request.prompt_token_ids or [], bt, len(hashes)),
+                nodes=hashes,
+            )])
+
+    def _writing(self, node: bytes) -> bool:
+        """A key of this block is admitted but its write has not landed."""
+        entries = self.orch.entries
+        for g in self.layout.group_ids:
+            e = entries.get(node + g.to_bytes(4, "big"))
+            if e is not None and not e.readable:
+                return True
+        return False
+
+    def _sibling_stores(self) -> list[str]:
+        """Identity directories of other engines (model, dtype, layout) under ssd_dir."""
+        if self.store is None:
+            return []
+        root, own = self.store.root, self.store.layout.dir
+        try:
+            dirs = [e.path for e in os.scandir(root) if e.is_dir() and e.path != own]
+        except OSError:
+            return []
+        return [d for d in dirs if os.path.isdir(os.path.join(d, "manifests"))]
+
+    def _elsewhere(self, nodes: Sequence[bytes]) -> bool:
+        """A checkpoint at one of the deepest of these blocks exists under another identity
+        (a few stat calls, on a miss only)."""
+        from histate_vllm.store.layout import Layout
+
+        groups = sorted(self.layout.state_group_ids)
+        for d in self._other_stores:
+            other = Layout(os.path.dirname(d), os.path.basename(d))
+            for node in nodes[-4:]:
+                for g in groups:
+                    if os.path.exists(other.manifest_path(node + g.to_bytes(4, "big"))):
+                        return True
+        return False
+
+    def _note_load(self, request_id: str, keys: Sequence[bytes], slots: Sequence[int]) -> None:
+        """Restored tokens per tier: each block of the load counts under the slowest tier
+        one of its keys is read from (slot -1: SSD)."""
+        tier_at: dict[int, str] = {}
+        entries = self.orch.entries
+        for key, slot in zip(keys, slots):
+            pos = entries[key].position
+            if tier_at.get(pos) != "ssd":
+                tier_at[pos] = "ssd" if slot < 0 else "dram"
+        bt = self.layout.block_tokens
+        per_tier = Counter(tier_at.values())
+        self.telemetry.load_issued(request_id, {t: n * bt for t, n in per_tier.items()})
+
+    def note_failed_loads(self, request_ids: Iterable[str]) -> None:
+        """Loads the worker could not complete (vLLM recomputes those requests)."""
+        self.telemetry.load_failed(request_ids)
+
+    def _measure(self) -> dict:
+        """Gauges from the books: bytes and entries per tier, SSD writes in flight."""
+        nbytes = {"dram": 0, "ssd": 0}
+        count = {(t, k): 0 for t in ("dram", "ssd") for k in ("kv", "state")}
+        queue = 0
+        for e in self.orch.entries.values():
+            kind = "state" if e.is_state else "kv"
+            if e.slot >= 0 and e.dram_ready:
+                nbytes["dram"] += e.nbytes
+                count[("dram", kind)] += 1
+            if e.on_ssd:
+                nbytes["ssd"] += e.nbytes
+                count[("ssd", kind)] += 1
+            queue += e.ssd_pending
+        if self.store is None:
+            del nbytes["ssd"], count[("ssd", "kv")], count[("ssd", "state")]
+        gauges = {("bytes", (t,)): v for t, v in nbytes.items()}
+        gauges.update({("entries", tk): v for tk, v in count.items()})
+        gauges[("ssd_write_queue", ())] = queue
+        return gauges
+
+    def get_stats(self):
+        """vLLM's stats channel (published on /metrics): counts since the last call, and
+        the gauges at most once per GAUGE_INTERVAL."""
+        now = time.monotonic()
+        gauges = {}
+        if now - self._gauges_at >= self.GAUGE_INTERVAL:
+            gauges, self._gauges_at = self._measure(), now
+        delta, samples = self.telemetry.take()
+        return to_stats(delta, samples, gauges)
+
+    def _maybe_log_summary(self) -> None:
+        interval = self.config.summary_interval
+        now = time.monotonic()
+        if not interval or now - self._summary_at < interval:
+            return
+        self._summary_at = now
+        window = self.telemetry.window()
+        if not window or set(name for name, _ in window) <= {"ssd_writes"}:
+            return  # idle (or only background copies): stay silent
+        g = self._measure()
+        gauges = {"DRAM MiB": round(g[("bytes", ("dram",))] / 2**20, 1)}
+        if self.store is not None:
+            gauges["SSD MiB"] = round(g[("bytes", ("ssd",))] / 2**20, 1)
+            gauges["SSD queue"] = g[("ssd_write_queue", ())]
+        line = summary(window, gauges)
+        if line:
+            logger.info(line)
+
+    def shutdown(self) -> None:
+        if self.event_log is not None:
+            self.event_log.close()

@@ -35,6 +35,12 @@ class HiStateSpec(OffloadingSpec):
         self._manager = None
         self._worker = None
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config):
+        from histate_vllm.metrics import definitions
+
+        return definitions()
+
     def open_store(self) -> SSDStore | None:
         if self.histate.ssd_dir is None:
             return None
