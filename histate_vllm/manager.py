@@ -274,6 +274,11 @@ class HiStateManager(OffloadingManager):
                 self.event_log = EventLogWriter(log_dir, max_bytes=self.config.event_log_bytes)
             except OSError as exc:
                 logger.warning("HiState: no event log in %s: %s", log_dir, exc)
+        # Operators (and the server test) read the real block size from this line.
+        logger.info("HiState: %d-token blocks, %d bytes per key, %d DRAM slots, SSD %s, "
+                    "event log %s", self.layout.block_tokens, self.layout.key_bytes,
+                    self.num_slots, self.store.root if self.store is not None else "off",
+                    log_dir or "off")
 
     def _on_policy_events(self, events) -> None:
         entries = self.orch.entries

@@ -30,7 +30,9 @@ def identity(model="m"):
 class Req:
     def __init__(self, rid, hashes, n):
         self.request_id, self.block_hashes, self.num_prompt_tokens = rid, hashes, n
-        self.prompt_token_ids = list(range(n))
+        # Token ids follow the hashes: prompts sharing blocks share tokens.
+        self.prompt_token_ids = [hashes[min(i // BT, len(hashes) - 1)][0] * 100000 + i
+                                 for i in range(n)]
 
 
 def hb(n, salt=b"a"):
@@ -171,6 +173,7 @@ def test_summary_line_once_per_interval_and_silent_when_idle(monkeypatch):
     lines = []
     monkeypatch.setattr(manager_mod.logger, "info", lambda msg, *a: lines.append(msg % a))
     m = make(summary_interval=10)
+    lines.clear()  # the start-up line
     h = hb(6)
     run(m, "a", h[:4], 4 * BT + 1)
     run(m, "b", h[:6], 6 * BT + 1, hit=4 * BT)
@@ -196,7 +199,7 @@ def test_event_log_records_lookups_inside_the_store(tmp_path):
     assert [lk.request_id for lk in lookups] == ["a", "b"]
     b = lookups[1]
     assert (b.covered, b.prompt_tokens, b.nodes) == (4 * BT, 6 * BT + 1, h[:6])
-    assert b.fps == fingerprints(range(6 * BT + 1), BT)
+    assert b.fps == fingerprints(Req("b", h[:6], 6 * BT + 1).prompt_token_ids, BT)
     assert {e.op for e in events} >= {"admit", "plan", "hit"}
 
 
@@ -241,3 +244,34 @@ def test_config_validates_the_new_keys():
             HiStateConfig.from_extra_config({"dram_bytes": 1, "summary_interval": bad})
     with pytest.raises(ConfigError, match="event_log_bytes"):
         HiStateConfig.from_extra_config({"dram_bytes": 1, "event_log_bytes": 0})
+
+
+def test_inspect_table_and_why(tmp_path, capsys):
+    import json
+
+    from histate_vllm.__main__ import main
+
+    log = tmp_path / "log"
+    m = make(dram_keys=24, event_log_dir=str(log))
+    h = hb(6)
+    run(m, "a", h[:4], 4 * BT + 1)
+    run(m, "b", h[:6], 6 * BT + 1, hit=4 * BT)
+    for i in range(4):  # DRAM only: the flood evicts a's and b's entries
+        run(m, f"f{i}", hb(8, b"f%d" % i), 8 * BT + 1)
+    run(m, "c", h[:6] + hb(1, b"c"), 7 * BT + 1)
+    m.shutdown()
+    assert main(["inspect", str(log)]) == 0
+    out = capsys.readouterr().out
+    states = [e for e in m.orch.entries.values() if e.is_state]
+    assert f"{len(states)} checkpoints" in out and "dram" in out
+    assert "lookups" in out and "evicted=1" in out
+    prompt = tmp_path / "prompt.json"
+    prompt.write_text(json.dumps(Req("x", h[:6] + hb(1, b"c"), 7 * BT + 1).prompt_token_ids))
+    assert main(["inspect", str(log), "why", str(prompt)]) == 0
+    out = capsys.readouterr().out
+    assert "closest logged request: c" in out
+    assert "MISS (evicted)" in out and "evict" in out
+    prompt.write_text(json.dumps(Req("y", h[:6], 6 * BT + 1).prompt_token_ids))
+    main(["inspect", str(log), "why", str(prompt)])
+    out = capsys.readouterr().out
+    assert "closest logged request: c" in out  # the latest of equally matching requests
