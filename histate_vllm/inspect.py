@@ -98,6 +98,13 @@ def checkpoint_rows(ident_dir: str, events: Sequence[ev.Event],
     for leaf, chain in sorted(chains.items(), key=lambda kv: -len(kv[1])):
         for n in chain:
             owner.setdefault(n, leaf)
+    # A checkpoint is one state per state group: one row per (checkpoint, tier).
+    merged: dict[tuple[bytes, str], dict] = {}
+    for r in rows:
+        m = merged.setdefault((r["node"], r["tier"]), r)
+        if m is not r and r["size"] is not None:
+            m["size"] = (m["size"] or 0) + r["size"]
+    rows = list(merged.values())
     for r in rows:
         r["session"] = owner.get(r["node"], r["node"]).hex()[:12]
     rows.sort(key=lambda r: (r["session"], r["position"], r["tier"]))
@@ -163,12 +170,12 @@ def why(token_ids: list[int], events: Sequence[ev.Event], lookups: Sequence[Look
              f"{best.gpu} from the GPU prefix cache, {best.covered - best.gpu} from HiState",
              f"  HiState then held KV for {best.shared} tokens; deepest checkpoint at "
              f"{best.position}"]
+    if best.covered > best.gpu:
+        lines.append(f"  HIT: {best.covered - best.gpu} tokens restored by HiState")
     if best.cause:
         lines.append(f"  MISS ({best.cause}): {best.missed} more tokens could have been "
                      "reused")
-    elif best.covered > best.gpu:
-        lines.append("  HIT: restored by HiState")
-    else:
+    elif best.covered <= best.gpu:
         lines.append("  nothing cached past what it resumed from (not a miss)")
     nodes = best.nodes[: nblocks]
     past = [(i + 1) * bt for i in range(best.covered // bt, len(nodes))]

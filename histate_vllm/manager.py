@@ -10,6 +10,7 @@ process; the worker moves the bytes.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
@@ -206,7 +207,6 @@ class HiStateManager(OffloadingManager):
         """SSD copies of what this step staged in DRAM; called after all its store jobs."""
         writes = self.orch.take_ssd_writes()
         self.telemetry.add("ssd_writes", len(writes))
-        self._maybe_log_summary()  # once per step: the summary needs no thread of its own
         return writes
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
@@ -262,7 +262,6 @@ class HiStateManager(OffloadingManager):
     def _init_observability(self) -> None:
         self.telemetry = Telemetry(self.layout.block_tokens, time.monotonic)
         self.orch.on_events = self._on_policy_events
-        self._summary_at = time.monotonic()
         self._gauges_at = float("-inf")
         self._other_stores = self._sibling_stores()
         log_dir = self.config.event_log_dir
@@ -274,6 +273,11 @@ class HiStateManager(OffloadingManager):
                 self.event_log = EventLogWriter(log_dir, max_bytes=self.config.event_log_bytes)
             except OSError as exc:
                 logger.warning("HiState: no event log in %s: %s", log_dir, exc)
+        self._stop = threading.Event()
+        if self.config.summary_interval:
+            # A thread, so the last burst before an idle spell is reported too.
+            threading.Thread(target=self._summary_loop, name="histate-summary",
+                             daemon=True).start()
         # Operators (and the server test) read the real block size from this line.
         logger.info("HiState: %d-token blocks, %d bytes per key, %d DRAM slots, SSD %s, "
                     "event log %s", self.layout.block_tokens, self.layout.key_bytes,
@@ -390,24 +394,28 @@ class HiStateManager(OffloadingManager):
         delta, samples = self.telemetry.take()
         return to_stats(delta, samples, gauges)
 
-    def _maybe_log_summary(self) -> None:
-        interval = self.config.summary_interval
-        now = time.monotonic()
-        if not interval or now - self._summary_at < interval:
-            return
-        self._summary_at = now
+    def _summary_loop(self) -> None:
+        while not self._stop.wait(self.config.summary_interval):
+            self.log_summary()
+
+    def log_summary(self) -> str | None:
+        """Log (and return) the INFO line for the counts since the last one; None, and
+        nothing logged, when nothing happened (background SSD copies alone do not count)."""
         window = self.telemetry.window()
-        if not window or set(name for name, _ in window) <= {"ssd_writes"}:
-            return  # idle (or only background copies): stay silent
-        g = self._measure()
-        gauges = {"DRAM MiB": round(g[("bytes", ("dram",))] / 2**20, 1)}
+        if not window or {name for name, _ in window} <= {"ssd_writes"}:
+            return None
+        # The books change under this thread: copy the entries at once (one C-level call).
+        entries = list(self.orch.entries.values())
+        dram = sum(e.nbytes for e in entries if e.slot >= 0 and e.dram_ready)
+        gauges = {"DRAM MiB": round(dram / 2**20, 1)}
         if self.store is not None:
-            gauges["SSD MiB"] = round(g[("bytes", ("ssd",))] / 2**20, 1)
-            gauges["SSD queue"] = g[("ssd_write_queue", ())]
+            gauges["SSD MiB"] = round(sum(e.nbytes for e in entries if e.on_ssd) / 2**20, 1)
+            gauges["SSD queue"] = sum(e.ssd_pending for e in entries)
         line = summary(window, gauges)
-        if line:
-            logger.info(line)
+        logger.info(line)
+        return line
 
     def shutdown(self) -> None:
+        self._stop.set()
         if self.event_log is not None:
             self.event_log.close()

@@ -18,6 +18,7 @@ A prompt with nothing cached past its hit is not a miss (first sight of that pre
 from __future__ import annotations
 
 import re
+import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
@@ -61,13 +62,15 @@ class Telemetry:
         self._loads: dict[str, tuple[float, dict[str, int]]] = {}
         self._failed: set[str] = set()
         self._looked_up: set[str] = set()
+        self._lock = threading.Lock()  # window() is read by the summary thread
 
     # --- counting ---
 
     def add(self, name: str, value: float = 1, labels: Labels = ()) -> None:
         if value:
             self._delta[(name, labels)] += value
-            self._window[(name, labels)] += value
+            with self._lock:
+                self._window[(name, labels)] += value
 
     def observe(self, name: str, value: float, labels: Labels = ()) -> None:
         self._samples[(name, labels)].append(value)
@@ -80,7 +83,8 @@ class Telemetry:
 
     def window(self) -> dict[tuple[str, Labels], float]:
         """Counts since the last call (the summary line's period)."""
-        out, self._window = dict(self._window), defaultdict(float)
+        with self._lock:
+            out, self._window = dict(self._window), defaultdict(float)
         return out
 
     # --- policy events ---

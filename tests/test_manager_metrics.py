@@ -167,26 +167,33 @@ def test_incompatible_when_another_identity_holds_the_checkpoint(tmp_path):
     assert counters(m)["histate_misses"] == {("incompatible",): 1}
 
 
-def test_summary_line_once_per_interval_and_silent_when_idle(monkeypatch):
-    now = [1000.0]
-    monkeypatch.setattr(manager_mod.time, "monotonic", lambda: now[0])
+def test_summary_line_after_activity_and_silent_when_idle(monkeypatch):
     lines = []
     monkeypatch.setattr(manager_mod.logger, "info", lambda msg, *a: lines.append(msg % a))
-    m = make(summary_interval=10)
+    m = make(summary_interval=0)  # no thread: log_summary is called by hand
     lines.clear()  # the start-up line
     h = hb(6)
     run(m, "a", h[:4], 4 * BT + 1)
     run(m, "b", h[:6], 6 * BT + 1, hit=4 * BT)
-    assert lines == []  # the interval has not passed
-    now[0] += 11
-    m.take_ssd_writes()
-    assert len(lines) == 1
-    assert lines[0].startswith(f"HiState: 2 lookups, restored tokens dram={4 * BT}, 0 misses")
-    now[0] += 11
-    m.take_ssd_writes()
-    now[0] += 11
-    m.take_ssd_writes()
-    assert len(lines) == 1  # idle: nothing more
+    line = m.log_summary()
+    assert lines == [line]
+    assert line.startswith(f"HiState: 2 lookups, restored tokens dram={4 * BT}, 0 misses")
+    dram, _ = books(m)
+    assert line.endswith(f"DRAM MiB {round(sum(e.nbytes for e in dram) / 2**20, 1):g}")
+    assert m.log_summary() is None and len(lines) == 1  # idle: nothing more
+
+
+def test_summary_thread_logs_once_per_burst(monkeypatch):
+    import time
+
+    lines = []
+    monkeypatch.setattr(manager_mod.logger, "info", lambda msg, *a: lines.append(msg % a))
+    m = make(summary_interval=0.05)
+    run(m, "a", hb(3), 3 * BT + 1)
+    time.sleep(0.5)
+    m.shutdown()
+    assert [ln for ln in lines if "lookups" in ln] == [lines[-1]]
+    assert lines[-1].startswith("HiState: 1 lookups")
 
 
 def test_event_log_records_lookups_inside_the_store(tmp_path):
