@@ -169,9 +169,10 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         return meta
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        if connector_output.failed_recving:  # before super() completes their loads
-            self.manager.note_failed_loads(connector_output.failed_recving)
         meta = connector_output.kv_connector_worker_meta
+        if connector_output.failed_recving:  # before super() completes their loads
+            lost = meta.ssd_lost if isinstance(meta, HiStateWorkerMetadata) else ()
+            self.manager.note_failed_loads(connector_output.failed_recving, lost)
         if isinstance(meta, HiStateWorkerMetadata):
             if meta.ssd_lost:
                 self.manager.on_ssd_lost(meta.ssd_lost, "corrupt or missing on restore")

@@ -153,6 +153,7 @@ class HiStateManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._requests.pop(req_context.req_id, None)
+        self._loading.pop(req_context.req_id, None)
         self.telemetry.request_finished(req_context.req_id)
         self.orch.request_finished(req_context.req_id)
 
@@ -175,6 +176,7 @@ class HiStateManager(OffloadingManager):
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.orch.complete_load(keys)
+        self._loading.pop(req_context.req_id, None)
         self.telemetry.load_done(req_context.req_id)
 
     # --- store ---
@@ -261,6 +263,7 @@ class HiStateManager(OffloadingManager):
 
     def _init_observability(self) -> None:
         self.telemetry = Telemetry(self.layout.block_tokens, time.monotonic)
+        self._loading: dict[str, list[bytes]] = {}  # request -> keys of its load in flight
         self.orch.on_events = self._on_policy_events
         self._gauges_at = float("-inf")
         self._other_stores = self._sibling_stores()
@@ -358,10 +361,16 @@ class HiStateManager(OffloadingManager):
         bt = self.layout.block_tokens
         per_tier = Counter(tier_at.values())
         self.telemetry.load_issued(request_id, {t: n * bt for t, n in per_tier.items()})
+        self._loading[request_id] = keys
 
-    def note_failed_loads(self, request_ids: Iterable[str]) -> None:
-        """Loads the worker could not complete (vLLM recomputes those requests)."""
-        self.telemetry.load_failed(request_ids)
+    def note_failed_loads(self, request_ids: Iterable[str], lost: Collection[bytes] = ()
+                          ) -> None:
+        """Loads the worker could not complete (vLLM recomputes those requests); `lost`:
+        keys it found corrupt or missing on SSD in the same step."""
+        for rid in request_ids:
+            keys = self._loading.get(rid, ())
+            cause = "corrupt" if any(k in lost for k in keys) else "load_failed"
+            self.telemetry.load_failed([rid], cause)
 
     def _measure(self) -> dict:
         """Gauges from the books: bytes and entries per tier, SSD writes in flight."""

@@ -10,6 +10,7 @@ Miss causes, decided per request from the deepest evidence past what was restore
   evicted        a copy there was evicted by the policy (and no copy is left)
   corrupt        a copy there was found corrupt or missing on SSD (quarantined)
   write_failed   its SSD write failed or was dropped (queue full)
+  load_failed    the restore itself failed for another reason (I/O error, timeout)
   incompatible   a checkpoint there exists on disk under another store identity
   no_checkpoint  the KV is shared past the hit, but no checkpoint was ever kept there
 A prompt with nothing cached past its hit is not a miss (first sight of that prefix).
@@ -26,7 +27,8 @@ from histate_vllm.policy import Tier
 from histate_vllm.policy import events as ev
 
 TIER = {Tier.DRAM: "dram", Tier.SSD: "ssd"}
-CAUSES = ("no_checkpoint", "evicted", "corrupt", "write_failed", "incompatible", "writing")
+CAUSES = ("no_checkpoint", "evicted", "corrupt", "write_failed", "load_failed", "incompatible",
+          "writing")
 MAX_FATES = 1 << 16  # nodes whose last loss is remembered for miss causes
 
 Labels = tuple[str, ...]
@@ -60,7 +62,7 @@ class Telemetry:
         self._fate: OrderedDict[bytes, str] = OrderedDict()  # node -> cause of its last loss
         # request -> (issue time, {tier: tokens}) of its loads not yet completed
         self._loads: dict[str, tuple[float, dict[str, int]]] = {}
-        self._failed: set[str] = set()
+        self._failed: dict[str, str] = {}  # request -> miss cause of its failed load
         self._looked_up: set[str] = set()
         self._lock = threading.Lock()  # window() is read by the summary thread
 
@@ -159,8 +161,8 @@ class Telemetry:
             acc[tier] = acc.get(tier, 0) + n
         self._loads[request_id] = (t0, acc)
 
-    def load_failed(self, request_ids: Iterable[str]) -> None:
-        self._failed.update(r for r in request_ids if r in self._loads)
+    def load_failed(self, request_ids: Iterable[str], cause: str = "corrupt") -> None:
+        self._failed.update((r, cause) for r in request_ids if r in self._loads)
 
     def load_done(self, request_id: str) -> None:
         """The request's loads completed (vLLM's complete_load)."""
@@ -169,10 +171,10 @@ class Telemetry:
             return
         t0, tiers = item
         tokens = sum(tiers.values())
-        if request_id in self._failed:
-            self._failed.discard(request_id)
-            self.add("misses", 1, ("corrupt",))  # vLLM recomputes it all
-            self.add("missed_tokens", tokens, ("corrupt",))
+        cause = self._failed.pop(request_id, None)
+        if cause is not None:
+            self.add("misses", 1, (cause,))  # vLLM recomputes it all
+            self.add("missed_tokens", tokens, (cause,))
             return
         slowest = "ssd" if tiers.get("ssd") else "dram"
         self.observe("restore_seconds", self.clock() - t0, (slowest,))
@@ -183,7 +185,7 @@ class Telemetry:
     def request_finished(self, request_id: str) -> None:
         self._looked_up.discard(request_id)
         self._loads.pop(request_id, None)
-        self._failed.discard(request_id)
+        self._failed.pop(request_id, None)
 
 
 def summary(window: dict[tuple[str, Labels], float], gauges: dict[str, float]) -> str | None:

@@ -64,7 +64,7 @@ def run(m, rid, hashes, n, hit=0, gpu=0, fail_load=False, land=True):
         keys.append(make_key(hashes[hit // BT - 1], 1))
         slots = m.prepare_load(keys, ctx).slots
         if fail_load:
-            m.note_failed_loads({rid})
+            m.note_failed_loads({rid}, set(keys) if fail_load == "corrupt" else ())
         m.complete_load(keys, ctx)
     keys = []
     for i, h in enumerate(hashes[: (n - 1) // BT]):
@@ -146,11 +146,12 @@ def test_failed_restores_and_dropped_writes(tmp_path):
     assert counters(m)["histate_ssd_write_queue"] == {(): queued} and queued
     pending = [k for k, e in m.orch.entries.items() if e.ssd_pending]
     m.on_ssd_written({pending[0]: False, b"unknown": False})  # queue full on the worker
-    run(m, "b", h[:6], 6 * BT + 1, hit=4 * BT, fail_load=True)
+    run(m, "b", h[:6], 6 * BT + 1, hit=4 * BT, fail_load="corrupt")
+    run(m, "c", h[:4] + hb(2, b"q"), 6 * BT + 1, hit=4 * BT, fail_load="io")
     data = counters(m)
     assert data["histate_ssd_writes_dropped"] == {(): 1}
-    assert data["histate_misses"] == {("corrupt",): 1}
-    assert data["histate_missed_tokens"] == {("corrupt",): 4 * BT}
+    assert data["histate_misses"] == {("corrupt",): 1, ("load_failed",): 1}
+    assert data["histate_missed_tokens"] == {("corrupt",): 4 * BT, ("load_failed",): 4 * BT}
     assert "histate_restored_tokens" not in data
 
 
