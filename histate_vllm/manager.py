@@ -9,11 +9,7 @@ process; the worker moves the bytes.
 
 from __future__ import annotations
 
-import os
-import threading
-import time
-from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 
 from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import (
@@ -29,13 +25,11 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from histate_vllm.config import HiStateConfig
-from histate_vllm.eventlog import EventLogWriter, Lookup, fingerprints
 from histate_vllm.layout import CacheLayout
-from histate_vllm.metrics import to_stats
+from histate_vllm.observer import Observer
 from histate_vllm.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.policy import Tier, make_policy
 from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec, SSDWrite
-from histate_vllm.telemetry import Telemetry, summary
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
@@ -93,7 +87,7 @@ class HiStateManager(OffloadingManager):
             on_dram=self._dram_event if enable_events else None,
         )
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
-        self._init_observability()
+        self.observer = Observer(self)  # metrics, summary line, event log
         if store is not None:
             self._load_store_index()
 
@@ -132,7 +126,7 @@ class HiStateManager(OffloadingManager):
         nb = gpu_tokens // self.layout.block_tokens
         self.orch.note_hit(request.request_id, hit_tokens,
                            (lambda: self._block_hashes(request)[:nb]) if nb else None)
-        self._note_lookup(request, hit_tokens, gpu_tokens)
+        self.observer.lookup(request, lambda: self._block_hashes(request), hit_tokens, gpu_tokens)
 
     def capture_positions(self, request) -> list[int]:
         """Where the policy wants this request's states (ascending, block-aligned).
@@ -153,8 +147,7 @@ class HiStateManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._requests.pop(req_context.req_id, None)
-        self._loading.pop(req_context.req_id, None)
-        self.telemetry.request_finished(req_context.req_id)
+        self.observer.request_finished(req_context.req_id)
         self.orch.request_finished(req_context.req_id)
 
     # --- lookup and load ---
@@ -168,7 +161,7 @@ class HiStateManager(OffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HiStateLoadSpec:
         keys = list(keys)
         slots, is_state = self.orch.prepare_load(keys)
-        self._note_load(req_context.req_id, keys, slots)
+        self.observer.load_issued(req_context.req_id, keys, slots)
         return HiStateLoadSpec(slots=slots, keys=keys, is_state=is_state)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -176,8 +169,7 @@ class HiStateManager(OffloadingManager):
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.orch.complete_load(keys)
-        self._loading.pop(req_context.req_id, None)
-        self.telemetry.load_done(req_context.req_id)
+        self.observer.load_done(req_context.req_id)
 
     # --- store ---
 
@@ -208,7 +200,7 @@ class HiStateManager(OffloadingManager):
     def take_ssd_writes(self) -> list[SSDWrite]:
         """SSD copies of what this step staged in DRAM; called after all its store jobs."""
         writes = self.orch.take_ssd_writes()
-        self.telemetry.add("ssd_writes", len(writes))
+        self.observer.ssd_writes_issued(len(writes))
         return writes
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
@@ -219,10 +211,7 @@ class HiStateManager(OffloadingManager):
 
     def on_ssd_written(self, results: dict[bytes, bool]) -> None:
         """The worker finished (or gave up) writing these keys to SSD."""
-        entries = self.orch.entries
-        dropped = sum(1 for k, ok in results.items()
-                      if not ok and (e := entries.get(k)) is not None and e.ssd_pending)
-        self.telemetry.add("ssd_writes_dropped", dropped)
+        self.observer.ssd_written(results)
         self.orch.on_ssd_written(results)
 
     def on_ssd_lost(self, keys: Iterable[bytes], reason: str) -> None:
@@ -257,174 +246,15 @@ class HiStateManager(OffloadingManager):
     def dram_slots_in_use(self) -> int:
         return self.orch.pool.in_use()
 
-    # --- observability (telemetry.py counts, metrics.py publishes, eventlog.py keeps) ---
-
-    GAUGE_INTERVAL = 1.0  # seconds between scans of the entries for the gauges
-
-    def _init_observability(self) -> None:
-        self.telemetry = Telemetry(self.layout.block_tokens, time.monotonic)
-        self._loading: dict[str, list[bytes]] = {}  # request -> keys of its load in flight
-        self.orch.on_events = self._on_policy_events
-        self._gauges_at = float("-inf")
-        self._other_stores = self._sibling_stores()
-        log_dir = self.config.event_log_dir
-        if log_dir is None and self.store is not None:
-            log_dir = os.path.join(self.store.layout.dir, "events")
-        self.event_log: EventLogWriter | None = None
-        if log_dir is not None:
-            try:
-                self.event_log = EventLogWriter(log_dir, max_bytes=self.config.event_log_bytes)
-            except OSError as exc:
-                logger.warning("HiState: no event log in %s: %s", log_dir, exc)
-        self._stop = threading.Event()
-        if self.config.summary_interval:
-            # A thread, so the last burst before an idle spell is reported too.
-            threading.Thread(target=self._summary_loop, name="histate-summary",
-                             daemon=True).start()
-        # Operators (and the server test) read the real block size from this line.
-        logger.info("HiState: %d-token blocks, %d bytes per key, %d DRAM slots, SSD %s, "
-                    "event log %s", self.layout.block_tokens, self.layout.key_bytes,
-                    self.num_slots, self.store.root if self.store is not None else "off",
-                    log_dir or "off")
-
-    def _on_policy_events(self, events) -> None:
-        entries = self.orch.entries
-        self.telemetry.on_events(events, lambda k: k not in entries)
-        if self.event_log is not None:
-            self.event_log.append(events=events)
-
-    def _note_lookup(self, request, hit_tokens: int, gpu_tokens: int) -> None:
-        """Once per request: was anything cached past where it resumes, and why not used."""
-        rid = request.request_id
-        if self.telemetry.looked_up(rid):
-            return
-        bt = self.layout.block_tokens
-        hashes = self._block_hashes(request)
-        hit = self.policy.restorable(hashes) if hashes else None
-        shared = hit.shared if hit is not None else 0
-        usable = (request.num_prompt_tokens - 1) // bt * bt
-        miss = self.telemetry.lookup(rid, hashes, hit_tokens, usable, shared, self._writing,
-                                     self._elsewhere if self._other_stores else None)
-        if self.event_log is not None:
-            self.event_log.append(lookups=[Lookup(
-                t=time.time(), request_id=rid, prompt_tokens=request.num_prompt_tokens,
-                block_tokens=bt, covered=hit_tokens, gpu=gpu_tokens,
-                position=hit.position if hit is not None else 0, shared=shared,
-                cause=miss[0] if miss else "", missed=miss[1] if miss else 0,
-                fps=fingerprints(request.prompt_token_ids or [], bt, len(hashes)),
-                nodes=hashes,
-            )])
-
-    def _writing(self, node: bytes) -> bool:
-        """A key of this block is admitted but its write has not landed."""
-        entries = self.orch.entries
-        for g in self.layout.group_ids:
-            e = entries.get(node + g.to_bytes(4, "big"))
-            if e is not None and not e.readable:
-                return True
-        return False
-
-    def _sibling_stores(self) -> list[str]:
-        """Identity directories of other engines (model, dtype, layout) under ssd_dir."""
-        if self.store is None:
-            return []
-        root, own = self.store.root, self.store.layout.dir
-        try:
-            dirs = [e.path for e in os.scandir(root) if e.is_dir() and e.path != own]
-        except OSError:
-            return []
-        return [d for d in dirs if os.path.isdir(os.path.join(d, "manifests"))]
-
-    def _elsewhere(self, nodes: Sequence[bytes]) -> bool:
-        """A checkpoint at one of the deepest of these blocks exists under another identity
-        (a few stat calls, on a miss only)."""
-        from histate_vllm.store.layout import Layout
-
-        groups = sorted(self.layout.state_group_ids)
-        for d in self._other_stores:
-            other = Layout(os.path.dirname(d), os.path.basename(d))
-            for node in nodes[-4:]:
-                for g in groups:
-                    if os.path.exists(other.manifest_path(node + g.to_bytes(4, "big"))):
-                        return True
-        return False
-
-    def _note_load(self, request_id: str, keys: Sequence[bytes], slots: Sequence[int]) -> None:
-        """Restored tokens per tier: each block of the load counts under the slowest tier
-        one of its keys is read from (slot -1: SSD)."""
-        tier_at: dict[int, str] = {}
-        entries = self.orch.entries
-        for key, slot in zip(keys, slots):
-            pos = entries[key].position
-            if tier_at.get(pos) != "ssd":
-                tier_at[pos] = "ssd" if slot < 0 else "dram"
-        bt = self.layout.block_tokens
-        per_tier = Counter(tier_at.values())
-        self.telemetry.load_issued(request_id, {t: n * bt for t, n in per_tier.items()})
-        self._loading[request_id] = keys
-
     def note_failed_loads(self, request_ids: Iterable[str], lost: Collection[bytes] = ()
                           ) -> None:
         """Loads the worker could not complete (vLLM recomputes those requests); `lost`:
         keys it found corrupt or missing on SSD in the same step."""
-        for rid in request_ids:
-            keys = self._loading.get(rid, ())
-            cause = "corrupt" if any(k in lost for k in keys) else "load_failed"
-            self.telemetry.load_failed([rid], cause)
-
-    def _measure(self) -> dict:
-        """Gauges from the books: bytes and entries per tier, SSD writes in flight."""
-        nbytes = {"dram": 0, "ssd": 0}
-        count = {(t, k): 0 for t in ("dram", "ssd") for k in ("kv", "state")}
-        queue = 0
-        for e in self.orch.entries.values():
-            kind = "state" if e.is_state else "kv"
-            if e.slot >= 0 and e.dram_ready:
-                nbytes["dram"] += e.nbytes
-                count[("dram", kind)] += 1
-            if e.on_ssd:
-                nbytes["ssd"] += e.nbytes
-                count[("ssd", kind)] += 1
-            queue += e.ssd_pending
-        if self.store is None:
-            del nbytes["ssd"], count[("ssd", "kv")], count[("ssd", "state")]
-        gauges = {("bytes", (t,)): v for t, v in nbytes.items()}
-        gauges.update({("entries", tk): v for tk, v in count.items()})
-        gauges[("ssd_write_queue", ())] = queue
-        return gauges
+        self.observer.load_failed(request_ids, lost)
 
     def get_stats(self):
-        """vLLM's stats channel (published on /metrics): counts since the last call, and
-        the gauges at most once per GAUGE_INTERVAL."""
-        now = time.monotonic()
-        gauges = {}
-        if now - self._gauges_at >= self.GAUGE_INTERVAL:
-            gauges, self._gauges_at = self._measure(), now
-        delta, samples = self.telemetry.take()
-        return to_stats(delta, samples, gauges)
-
-    def _summary_loop(self) -> None:
-        while not self._stop.wait(self.config.summary_interval):
-            self.log_summary()
-
-    def log_summary(self) -> str | None:
-        """Log (and return) the INFO line for the counts since the last one; None, and
-        nothing logged, when nothing happened (background SSD copies alone do not count)."""
-        window = self.telemetry.window()
-        if not window or {name for name, _ in window} <= {"ssd_writes"}:
-            return None
-        # The books change under this thread: copy the entries at once (one C-level call).
-        entries = list(self.orch.entries.values())
-        dram = sum(e.nbytes for e in entries if e.slot >= 0 and e.dram_ready)
-        gauges = {"DRAM MiB": round(dram / 2**20, 1)}
-        if self.store is not None:
-            gauges["SSD MiB"] = round(sum(e.nbytes for e in entries if e.on_ssd) / 2**20, 1)
-            gauges["SSD queue"] = sum(e.ssd_pending for e in entries)
-        line = summary(window, gauges)
-        logger.info(line)
-        return line
+        """vLLM's stats channel, published on /metrics (see metrics.py)."""
+        return self.observer.get_stats()
 
     def shutdown(self) -> None:
-        self._stop.set()
-        if self.event_log is not None:
-            self.event_log.close()
+        self.observer.shutdown()

@@ -8,7 +8,7 @@ pytest.importorskip("vllm")
 
 from vllm.v1.kv_offload.base import ReqContext  # noqa: E402
 
-from histate_vllm import manager as manager_mod  # noqa: E402
+from histate_vllm import observer as observer_mod  # noqa: E402
 from histate_vllm.config import ConfigError, HiStateConfig  # noqa: E402
 from histate_vllm.eventlog import fingerprints, read_log  # noqa: E402
 from histate_vllm.layout import CacheLayout  # noqa: E402
@@ -47,7 +47,7 @@ def make(tmp_path=None, dram_keys=40, **extra):
         store = SSDStore(str(tmp_path), identity(), budget_bytes=1 << 30)
     m = HiStateManager(LAYOUT, HiStateConfig.from_extra_config(cfg), tokens_per_hash=BT,
                        max_model_len=1 << 16, store=store, step_tokens=BT)
-    m.GAUGE_INTERVAL = 0  # gauges on every get_stats, not once a second
+    m.observer.GAUGE_INTERVAL = 0  # gauges on every get_stats, not once a second
     return m
 
 
@@ -170,25 +170,25 @@ def test_incompatible_when_another_identity_holds_the_checkpoint(tmp_path):
 
 def test_summary_line_after_activity_and_silent_when_idle(monkeypatch):
     lines = []
-    monkeypatch.setattr(manager_mod.logger, "info", lambda msg, *a: lines.append(msg % a))
+    monkeypatch.setattr(observer_mod.logger, "info", lambda msg, *a: lines.append(msg % a))
     m = make(summary_interval=0)  # no thread: log_summary is called by hand
     lines.clear()  # the start-up line
     h = hb(6)
     run(m, "a", h[:4], 4 * BT + 1)
     run(m, "b", h[:6], 6 * BT + 1, hit=4 * BT)
-    line = m.log_summary()
+    line = m.observer.log_summary()
     assert lines == [line]
     assert line.startswith(f"HiState: 2 lookups, restored tokens dram={4 * BT}, 0 misses")
     dram, _ = books(m)
     assert line.endswith(f"DRAM MiB {round(sum(e.nbytes for e in dram) / 2**20, 1):g}")
-    assert m.log_summary() is None and len(lines) == 1  # idle: nothing more
+    assert m.observer.log_summary() is None and len(lines) == 1  # idle: nothing more
 
 
 def test_summary_thread_logs_once_per_burst(monkeypatch):
     import time
 
     lines = []
-    monkeypatch.setattr(manager_mod.logger, "info", lambda msg, *a: lines.append(msg % a))
+    monkeypatch.setattr(observer_mod.logger, "info", lambda msg, *a: lines.append(msg % a))
     m = make(summary_interval=0.05)
     run(m, "a", hb(3), 3 * BT + 1)
     time.sleep(0.5)
