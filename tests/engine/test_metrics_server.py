@@ -132,7 +132,16 @@ def test_metrics_account_for_what_the_server_served(server):
     # The flood pushed the session out of the GPU cache and DRAM: the last turn is a
     # HiState restore, partly from SSD.
     assert cached[-1] >= block and restored["ssd"] > 0, report
+    # Only the last turn was served by HiState (its cached tokens are all the external
+    # hits): one restore, one latency sample, both under SSD.
+    if external == cached[-1]:
+        assert _sum(text, "histate_restores_total") == 1
+        assert _sum(text, "histate_restores_total", tier="ssd") == 1
+        assert _sum(text, "histate_restore_seconds_count", tier="ssd") == 1
+    # The flood moved DRAM copies down to SSD, and the gauges show what SSD holds.
+    assert _sum(text, "histate_demotions_total", tier="dram") > 0
     assert _sum(text, "histate_bytes", tier="ssd") > 0
+    assert _sum(text, "histate_entries", tier="ssd", kind="state") > 0
     assert _sum(text, "vllm:kv_offload_load_bytes_total") > 0
     assert "kv_offload_cpu" not in text  # the CPU spec's gauges are not registered
     # The summary thread reports the last burst (the SSD restore) within its interval.
