@@ -34,6 +34,12 @@ class HiStateConfig:
     ssd_queue_bytes: int = 256 << 20
     # An SSD restore not done after this many seconds is abandoned and recomputed.
     ssd_read_timeout_s: float = 60.0
+    # Seconds between INFO summary lines (none while idle); 0 turns them off.
+    summary_interval: float = 60.0
+    # Directory of the event log; default: <ssd_dir>/<identity>/events, none without SSD.
+    event_log_dir: str | None = None
+    # Size of one event-log file (bytes); two are kept (the current one and one rotated).
+    event_log_bytes: int = 16 << 20
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> HiStateConfig:
@@ -63,6 +69,13 @@ class HiStateConfig:
             ),
             ssd_read_timeout_s=_positive_seconds(extra, "ssd_read_timeout_s",
                                                  cls.ssd_read_timeout_s),
+            summary_interval=_seconds(extra, "summary_interval", cls.summary_interval),
+            event_log_dir=_dir(extra, "event_log_dir"),
+            event_log_bytes=(
+                _positive_int(extra, "event_log_bytes")
+                if "event_log_bytes" in extra
+                else cls.event_log_bytes
+            ),
         )
         if cfg.ssd_dir is not None and cfg.ssd_bytes <= 0:
             raise ConfigError(
@@ -139,12 +152,30 @@ def _interval(extra: dict[str, Any]) -> str | int:
 
 
 def _ssd_dir(extra: dict[str, Any]) -> str | None:
-    value = extra.get("ssd_dir")
+    return _dir(extra, "ssd_dir")
+
+
+def _dir(extra: dict[str, Any], key: str) -> str | None:
+    value = extra.get(key)
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"HiStateConnector: 'ssd_dir' must be a directory path, got {value!r}")
+        raise ConfigError(f"HiStateConnector: '{key}' must be a directory path, got {value!r}")
     path = Path(value).expanduser()
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"HiStateConnector: 'ssd_dir' {value!r} exists and is not a directory")
+        raise ConfigError(f"HiStateConnector: '{key}' {value!r} exists and is not a directory")
     return os.fspath(path)
+
+
+def _seconds(extra: dict[str, Any], key: str, default: float) -> float:
+    value = extra.get(key, default)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, str))
+    try:
+        seconds = float(value) if ok else -1.0
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ConfigError(
+            f"HiStateConnector: '{key}' must be a number of seconds >= 0, got {value!r}"
+        )
+    return seconds

@@ -172,6 +172,9 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         meta = connector_output.kv_connector_worker_meta
+        if connector_output.failed_recving:  # before super() completes their loads
+            lost = meta.ssd_lost if isinstance(meta, HiStateWorkerMetadata) else ()
+            self.manager.note_failed_loads(connector_output.failed_recving, lost)
         if isinstance(meta, HiStateWorkerMetadata):
             if meta.ssd_lost:
                 self.manager.on_ssd_lost(meta.ssd_lost, "corrupt or missing on restore")
@@ -262,6 +265,12 @@ class HiStateConnector(OffloadingConnector):
             self.connector_scheduler = HiStateConnectorScheduler(spec, vllm_config, kv_cache_config)
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = HiStateConnectorWorker(spec, vllm_config, kv_cache_config)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        from histate_vllm.metrics import HiStatePromMetrics
+
+        return HiStatePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:

@@ -27,6 +27,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from histate_vllm.config import HiStateConfig
 from histate_vllm.layout import CacheLayout
+from histate_vllm.observer import Observer
 from histate_vllm.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.policy import Tier, make_policy
 from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec, SSDDelete, SSDReset, SSDWrite
@@ -96,6 +97,7 @@ class HiStateManager(OffloadingManager):
         # Writes in flight at a connector reset: their outcome no longer counts.
         self._void_writes: set[bytes] = set()
         self.store_lock = store_lock
+        self.observer = Observer(self)  # metrics, summary line, event log
         if store is not None:
             self._load_store_index(store_index)
 
@@ -135,6 +137,7 @@ class HiStateManager(OffloadingManager):
         nb = gpu_tokens // self.layout.block_tokens
         self.orch.note_hit(request.request_id, hit_tokens,
                            (lambda: self._block_hashes(request)[:nb]) if nb else None)
+        self.observer.lookup(request, lambda: self._block_hashes(request), hit_tokens, gpu_tokens)
 
     def capture_positions(self, request) -> list[int]:
         """Where the policy wants this request's states (ascending, block-aligned).
@@ -155,6 +158,7 @@ class HiStateManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._requests.pop(req_context.req_id, None)
+        self.observer.request_finished(req_context.req_id)
         self.orch.request_finished(req_context.req_id)
 
     # --- lookup and load ---
@@ -168,6 +172,7 @@ class HiStateManager(OffloadingManager):
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HiStateLoadSpec:
         keys = list(keys)
         slots, is_state = self.orch.prepare_load(keys)
+        self.observer.load_issued(req_context.req_id, keys, slots)
         return HiStateLoadSpec(slots=slots, keys=keys, is_state=is_state)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -175,6 +180,7 @@ class HiStateManager(OffloadingManager):
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.orch.complete_load(keys)
+        self.observer.load_done(req_context.req_id)
 
     # --- store ---
 
@@ -204,7 +210,9 @@ class HiStateManager(OffloadingManager):
 
     def take_ssd_writes(self) -> list[SSDWrite]:
         """SSD copies of what this step staged in DRAM; called after all its store jobs."""
-        return self.orch.take_ssd_writes()
+        writes = self.orch.take_ssd_writes()
+        self.observer.ssd_writes_issued(len(writes))
+        return writes
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
                        success: bool = True) -> None:
@@ -220,6 +228,7 @@ class HiStateManager(OffloadingManager):
 
     def on_ssd_written(self, results: dict[bytes, bool]) -> None:
         """Every worker finished (or gave up) writing these keys to SSD."""
+        self.observer.ssd_written(results)
         voided = self._void_writes.intersection(results) if self._void_writes else ()
         if voided:
             # Written before the reset into the store the reset deletes, from a DRAM copy
@@ -275,3 +284,16 @@ class HiStateManager(OffloadingManager):
 
     def dram_slots_in_use(self) -> int:
         return self.orch.pool.in_use()
+
+    def note_failed_loads(self, request_ids: Iterable[str], lost: Collection[bytes] = ()
+                          ) -> None:
+        """Loads the worker could not complete (vLLM recomputes those requests); `lost`:
+        keys it found corrupt or missing on SSD in the same step."""
+        self.observer.load_failed(request_ids, lost)
+
+    def get_stats(self):
+        """vLLM's stats channel, published on /metrics (see metrics.py)."""
+        return self.observer.get_stats()
+
+    def shutdown(self) -> None:
+        self.observer.shutdown()

@@ -144,6 +144,8 @@ class Orchestrator:
         self._spills: list[SSDWrite] = []
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0,
                       "ssd_state_skips": 0}
+        # Called with every batch of policy events drained (metrics, the event log).
+        self.on_events: Callable[[list], None] | None = None
 
     # --- start-up ---
 
@@ -382,7 +384,9 @@ class Orchestrator:
         self.apply_demotions()
         # The policy keeps a bounded ring of recent events for `explain`; the undrained
         # list would otherwise grow with every decision.
-        self.policy.drain_events()
+        events = self.policy.drain_events()
+        if events and self.on_events is not None:
+            self.on_events(events)
         for key, slot in self._reserved.items():  # siblings vLLM did not offer after all
             entry = self.entries.pop(key, None)
             if entry is not None:

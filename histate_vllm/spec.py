@@ -40,6 +40,12 @@ class HiStateSpec(OffloadingSpec):
         self._manager = None
         self._worker = None
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config):
+        from histate_vllm.metrics import definitions
+
+        return definitions()
+
     def open_store(self) -> SSDStore | None:
         """The worker's store: this rank's shard (the identity names the rank)."""
         if self.store_root is None:

@@ -147,7 +147,7 @@ class HiStateWorker(OffloadingWorker):
             self._copy_to_blocks(views, block_ids, self.dram[torch.from_numpy(slots[keys])])
 
     def _load_with_ssd(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec,
-                       staging: np.ndarray, cancel: _Cancel) -> float:
+                       staging: np.ndarray, cancel: _Cancel) -> tuple[float, int]:
         """Restore a job key by key through one staging buffer, each verified before copying.
 
         Nothing restored here can run before the whole job reports success: on failure
@@ -171,7 +171,8 @@ class HiStateWorker(OffloadingWorker):
                     if cancel.cancelled:
                         raise StoreError("restore cancelled after its timeout")
                     self._copy_to_blocks(views, [block_id], staged)
-        return time.perf_counter() - t0
+        # With the bytes moved: vLLM drops a load's transfer stats when their size is unknown.
+        return time.perf_counter() - t0, len(src.keys) * self.key_bytes
 
     def _time_out(self, job_id: int, cancel: _Cancel) -> TransferResult:
         """Fail a load stuck in a read: cancel it, and leave its thread and buffer behind."""
@@ -237,8 +238,8 @@ class HiStateWorker(OffloadingWorker):
                 continue
             del self._loads[job_id]
             try:
-                elapsed = fut.result()
-                done.append(TransferResult(job_id, True, None, elapsed))
+                elapsed, nbytes = fut.result()
+                done.append(TransferResult(job_id, True, nbytes, elapsed))
             except (CorruptEntry, MissingEntry) as exc:
                 logger.warning("HiState: restore failed, falling back to recompute: %s", exc)
                 self.ssd_lost.add(exc.key)

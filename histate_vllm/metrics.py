@@ -1,0 +1,102 @@
+"""HiState's Prometheus metrics, published through vLLM's offloading-connector stats.
+
+The spec declares them (`definitions`, via `HiStateSpec.build_metric_definitions`), the
+manager fills an `OffloadingConnectorStats` each step (`to_stats`), and vLLM's
+`OffloadPromMetrics` exposes them on `/metrics` with its model/engine labels. Counters show
+up with a `_total` suffix (prometheus_client adds it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+    OffloadPromMetrics,
+    get_connector_metric_definitions,
+)
+from vllm.v1.kv_offload.base import (
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    OffloadingHistogramMetadata,
+    OffloadingMetricMetadata,
+)
+
+PREFIX = "histate_"
+
+_TIER = ("tier",)
+_C, _G, _H = OffloadingCounterMetadata, OffloadingGaugeMetadata, OffloadingHistogramMetadata
+# name (without PREFIX) -> metadata. Label values come from telemetry.py.
+_DEFS: dict[str, OffloadingMetricMetadata] = {
+    "restored_tokens": _C(documentation="Prompt tokens restored by HiState, by the tier "
+                                        "their block was read from.", labelnames=_TIER),
+    "restores": _C(documentation="Requests restored, by the slowest tier read.",
+                   labelnames=_TIER),
+    "lookups": _C(documentation="Requests HiState looked up (once per request)."),
+    "misses": _C(documentation="Requests that resumed short of what was cached, by cause "
+                               "(no_checkpoint, evicted, corrupt, write_failed, load_failed, "
+                               "incompatible, writing).", labelnames=("cause",)),
+    "missed_tokens": _C(documentation="Tokens recomputed that a cache entry could have "
+                                      "served, by cause.", labelnames=("cause",)),
+    "evictions": _C(documentation="Copies the policy evicted, by tier and reason.",
+                    labelnames=("tier", "reason")),
+    "demotions": _C(documentation="Copies dropped from a tier because a slower tier holds "
+                                  "them (or they moved there), by tier and reason.",
+                    labelnames=("tier", "reason")),
+    "ssd_writes": _C(documentation="SSD writes issued to the worker."),
+    "ssd_writes_dropped": _C(documentation="SSD writes that did not land (queue full or "
+                                           "I/O error); the data stays in DRAM or is lost."),
+    "ssd_write_queue": _G(documentation="SSD writes issued and not yet reported back."),
+    "bytes": _G(documentation="Bytes held per tier (payload).", labelnames=_TIER),
+    "entries": _G(documentation="Entries held per tier and kind (kv, state).",
+                  labelnames=("tier", "kind")),
+    "restore_seconds": _H(
+        documentation="Restore latency, from the load being issued to its completion "
+                      "reaching the scheduler, by the slowest tier read.",
+        labelnames=_TIER,
+        buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    ),
+}
+
+
+def definitions() -> dict[str, OffloadingMetricMetadata]:
+    return {PREFIX + name: md for name, md in _DEFS.items()}
+
+
+def to_stats(delta: dict, samples: dict, gauges: dict) -> OffloadingConnectorStats | None:
+    """Telemetry deltas and gauge snapshots ({(name, labels): value}) as vLLM stats."""
+    if not (delta or samples or gauges):
+        return None
+    stats = OffloadingConnectorStats()
+    for (name, labels), value in delta.items():
+        stats.increase_counter(PREFIX + name, value, labels)
+    for (name, labels), values in samples.items():
+        for v in values:
+            stats.observe_histogram(PREFIX + name, v, labels)
+    for (name, labels), value in gauges.items():
+        stats.set_gauge(PREFIX + name, value, labels)
+    return stats
+
+
+class HiStatePromMetrics(OffloadPromMetrics):
+    """vLLM's offloading Prometheus metrics, declared from HiState's spec.
+
+    `OffloadPromMetrics` finds the spec through `kv_connector_extra_config["spec_name"]`,
+    which HiState does not use, so it would fall back to the CPU spec and register CPU gauges
+    nothing ever sets (and legacy per-direction counters). Register only what is filled:
+    the transfer metrics vLLM's scheduler fills, and HiState's own."""
+
+    def __init__(self, vllm_config, metric_types, labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]):
+        KVConnectorPromMetrics.__init__(self, vllm_config, metric_types, labelnames,
+                                        per_engine_labelvalues)
+        self._offloading_metric_metadata: dict[str, Any] = {
+            **definitions(), **get_connector_metric_definitions(),
+        }
+        self._observe_deprecated_metrics = False
+        self._offloading_metric_defs = {
+            name: self._create_metric(name, md)
+            for name, md in self._offloading_metric_metadata.items()
+        }
+        self.offloading_metrics = {}
