@@ -211,7 +211,7 @@ class Orchestrator:
         keys += [k for g in self.state_groups
                  if (k := make_key(block_hashes[-1], g)) in entries]
         if keys:
-            self.policy.hit(keys)
+            self.policy.hit(keys, copies=False)
 
     def planned(self, request_id: str) -> list[int] | None:
         """The request's capture plan if made, without the inputs `plan` needs."""

@@ -118,7 +118,31 @@ def _gpu_hit_protects(gpu_hit: bool) -> tuple[int, int]:
     return policy.restorable(a).position, policy.restorable(b).position
 
 
-def test_a_gpu_prefix_hit_refreshes_the_policys_copies():
+def test_a_gpu_prefix_hit_refreshes_the_policys_checkpoints():
     assert _gpu_hit_protects(gpu_hit=True) == (4 * BT, 0)
     # Control: unheard, the GPU hit leaves A the least recently used, and A goes.
     assert _gpu_hit_protects(gpu_hit=False) == (0, 4 * BT)
+
+
+def _dram_after_pressure(restored_from_dram: bool) -> tuple[bool, bool]:
+    orch, policy, clock, _ = build(slots=10, ssd_keys=64)
+    a, b, c = hashes(4, b"a"), hashes(4, b"b"), hashes(4, b"c")
+    store(orch, "a", a, {4})  # DRAM copies, backed on SSD
+    clock.t = 10.0
+    store(orch, "b", b, {4})
+    clock.t = 20.0
+    if restored_from_dram:
+        orch.prepare_load([make_key(h, 0) for h in a] + [make_key(a[-1], 1)])
+        orch.complete_load([make_key(h, 0) for h in a] + [make_key(a[-1], 1)])
+    else:
+        orch.note_hit("a2", 4 * BT, lambda: a)
+    clock.t = 30.0
+    store(orch, "c", c, {4})  # DRAM is full: backed copies give way, least recent first
+    return orch.in_dram(make_key(a[0], 0)), orch.in_dram(make_key(b[0], 0))
+
+
+def test_a_gpu_hit_leaves_the_dram_copies_order_alone():
+    # The GPU holds A: its DRAM copies stay the least recent and give way first.
+    assert _dram_after_pressure(restored_from_dram=False) == (False, True)
+    # Control: a restore that read A from DRAM makes A's copies the most recent.
+    assert _dram_after_pressure(restored_from_dram=True) == (True, False)

@@ -75,8 +75,9 @@ class PolicyCore(ABC):
     def unpin(self, keys: Iterable[bytes]) -> None: ...
 
     @abstractmethod
-    def hit(self, keys: Iterable[bytes]) -> None:
-        """A restore used these keys (KV chunks and the checkpoint): refresh recency."""
+    def hit(self, keys: Iterable[bytes], copies: bool = True) -> None:
+        """A restore used these keys (KV chunks and the checkpoint): refresh recency.
+        copies=False: the GPU served them; the copies in DRAM and SSD were not read."""
 
     @abstractmethod
     def remove(self, key: bytes, tier: Tier, reason: str) -> None:

@@ -248,10 +248,14 @@ class HiStatePolicy(Residency, PolicyCore):
             if e is not None and e.pins > 0:
                 e.pins -= 1
 
-    def hit(self, keys: Iterable[bytes]) -> None:
+    def hit(self, keys: Iterable[bytes], copies: bool = True) -> None:
         """Refresh-all: the deepest hit checkpoint and every checkpoint above it get t_last =
         now; the hit keys become most recently touched (stage-1 order); the terminal-reuse
-        EMA q learns whether the hit landed on a leaf (terminal) checkpoint."""
+        EMA q learns whether the hit landed on a leaf (terminal) checkpoint.
+
+        copies=False (a hit the GPU served): the same, except that the DRAM and SSD copies
+        keep their stage-1 order. The GPU holds those pages; making their DRAM copies the
+        most recent would keep data twice and push out what only DRAM holds."""
         now = self.clock()
         deepest: Node | None = None
         deepest_state: Node | None = None
@@ -262,9 +266,10 @@ class HiStatePolicy(Residency, PolicyCore):
             e = entries.get(k)
             if e is None:
                 continue
-            e.touch = tick
-            if e.resident & _DRAM:  # DRAM copies have a stage-1 (LRU) entry to refresh
-                edirty[e] = None
+            if copies:
+                e.touch = tick
+                if e.resident & _DRAM:  # DRAM copies have a stage-1 (LRU) entry to refresh
+                    edirty[e] = None
             n = e.node
             if e.kind is _STATE:
                 if deepest_state is None or n.position > deepest_state.position:

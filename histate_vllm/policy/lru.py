@@ -224,7 +224,9 @@ class LRUPolicy(PolicyCore):
             else:
                 self._pins.pop(k, None)
 
-    def hit(self, keys: Iterable[bytes]) -> None:
+    def hit(self, keys: Iterable[bytes], copies: bool = True) -> None:
+        if not copies:  # plain per-tier LRU: only its copies' recency matters
+            return
         for k in keys:
             e = self._entries.get(k)
             if e is None:
