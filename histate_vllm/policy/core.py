@@ -254,8 +254,9 @@ class HiStatePolicy(Residency, PolicyCore):
         EMA q learns whether the hit landed on a leaf (terminal) checkpoint.
 
         copies=False (a hit the GPU served): the same, except that the DRAM and SSD copies
-        keep their stage-1 order. The GPU holds those pages; making their DRAM copies the
-        most recent would keep data twice and push out what only DRAM holds."""
+        keep their stage-1 order and tau learns nothing. The GPU holds those pages; making
+        their DRAM copies the most recent would keep data twice and push out what only DRAM
+        holds."""
         now = self.clock()
         deepest: Node | None = None
         deepest_state: Node | None = None
@@ -281,7 +282,8 @@ class HiStatePolicy(Residency, PolicyCore):
             return
         if deepest_state is not None:
             self.terminal_ema.update(1.0 if deepest_state.live_children == 0 else 0.0)
-            if self.tau_model.observe(now - deepest_state.t_last):
+            # tau is the time scale of reuse from DRAM and SSD; GPU hits come turns apart.
+            if copies and self.tau_model.observe(now - deepest_state.t_last):
                 self.ev.set_tau(self.tau_model.value)
         x: Node | None = top
         while x is not None:  # refresh-all along the matched path
