@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.trace_replay.test_live_engine import STARTUP_TIMEOUT, _free_port, _stop
+from tests.trace_replay.test_live_engine import STARTUP_TIMEOUT
+from trace_replay.server import local_server, metric_sum as _sum, metrics as _metrics
 
 pytestmark = pytest.mark.engine
 
@@ -45,33 +46,12 @@ def server(tiny_model, tmp_path_factory):
                  "kv_connector_module_path": "histate_vllm.connector", "kv_role": "kv_both",
                  "kv_connector_extra_config": {"dram_bytes": 4 * MiB, "ssd_dir": str(ssd),
                                                "ssd_bytes": 64 * MiB, "summary_interval": 1}}
-    port = _free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model,
-           "--enable-prefix-caching", "--max-model-len", "8192",
-           "--num-gpu-blocks-override", str(GPU_BLOCKS), "--enforce-eager",
-           "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port),
-           "--kv-transfer-config", json.dumps(connector)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     log = work / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, cwd=str(REPO))
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT
-            while True:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("server did not start:\n"
-                                       + log.read_text(errors="replace")[-3000:])
-                try:
-                    with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    time.sleep(1.0)
-            yield url, tiny_model, log, ssd, work
-        finally:
-            _stop(proc)
+    with local_server(tiny_model, log, args=["--max-model-len", "8192",
+                                             "--num-gpu-blocks-override", str(GPU_BLOCKS)],
+                      connector=connector, startup_timeout=STARTUP_TIMEOUT,
+                      cwd=str(REPO)) as url:
+        yield url, tiny_model, log, ssd, work
 
 
 def _complete(url: str, model: str, prompt: list[int]) -> int:
@@ -81,20 +61,6 @@ def _complete(url: str, model: str, prompt: list[int]) -> int:
     with urllib.request.urlopen(req, timeout=600) as r:
         usage = json.load(r)["usage"]
     return (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-
-
-def _metrics(url: str) -> str:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        return r.read().decode()
-
-
-def _sum(text: str, name: str, **labels) -> float:
-    """Sum of a metric's samples whose labels include `labels`."""
-    total = 0.0
-    for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.M):
-        if all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def test_metrics_account_for_what_the_server_served(server):

