@@ -64,6 +64,7 @@ CASES = [
     ((129,), torch.int16, 0, [7, 3], 10, 226),          # 2-byte words
     ((37,), torch.int32, 5, [0, 9, 4], 8, 120),          # block stride > page (shared tensor)
     ((2, 3, 11), torch.float32, 0, [9], 0, None),
+    ((51,), torch.uint8, 1, [3, 0, 7], 4, 44),          # odd page, aligned range: int32 words
 ]
 
 
@@ -115,6 +116,9 @@ def test_triton_checksum_matches_torch_and_numpy(tk):
     assert torch.equal(got, reference.checksum_pages(cache, ids, offset, nbytes))
     raw = reference.gather_pages(cache, ids, offset, nbytes).numpy().tobytes()
     assert np.array_equal(got.numpy().view(np.uint64), reference.checksum_bytes(raw, nbytes))
+    odd = _cache(gen, 8, (51,), torch.uint8, pad=1)  # 51-byte pages, 52-byte block stride
+    assert torch.equal(tk.checksum_pages(odd, [7, 2], 4, 44, block=4),
+                       reference.checksum_pages(odd, [7, 2], 4, 44))
 
 
 def test_checksum_definition_and_sensitivity():

@@ -40,8 +40,8 @@ if __name__ == "triton_kernels":  # the repository root is on sys.path; step asi
     import sys as _sys
     from importlib.machinery import PathFinder as _PathFinder
 
-    _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-    _path = [e for e in _sys.path if _os.path.abspath(e or ".") != _root]
+    _root = _os.path.dirname(_os.path.dirname(_os.path.realpath(__file__)))
+    _path = [e for e in _sys.path if _os.path.realpath(e or ".") != _root]
     _spec = _PathFinder.find_spec("triton_kernels", _path)
     if _spec is not None and _spec.loader is not None:
         # The import system returns whatever sys.modules holds once this file has run.

@@ -37,7 +37,7 @@ def out_rows(out: torch.Tensor, count: int, nbytes: int) -> torch.Tensor:
 
 def word_size(rows: torch.Tensor, offset: int, nbytes: int, *buffers: torch.Tensor) -> int:
     """The widest element (8, 4, 2 or 1 bytes) that every address and length is a multiple of."""
-    items = [offset, nbytes, rows.shape[1], rows.stride(0), rows.data_ptr()]
+    items = [offset, nbytes, rows.stride(0), rows.data_ptr()]
     items += [b.data_ptr() for b in buffers]
     for w in (8, 4, 2, 1):
         if all(x % w == 0 for x in items):

@@ -59,7 +59,8 @@ def _words(cache, offset, nbytes, *buffers):
     rows = page_rows(cache)
     offset, nbytes = byte_range(rows, offset, nbytes)
     w = word_size(rows, offset, nbytes, *buffers)
-    return rows.view(WORD_DTYPE[w]), offset // w, nbytes // w, w
+    # Cut each row at the range's end so an odd page size does not block the wider view.
+    return rows[:, :offset + nbytes].view(WORD_DTYPE[w]), offset // w, nbytes // w, w
 
 
 def gather_pages(cache, ids, offset=0, nbytes=None, out=None, block=BLOCK) -> torch.Tensor:
@@ -93,7 +94,7 @@ def checksum_pages(cache, ids, offset=0, nbytes=None, block=BLOCK) -> torch.Tens
     if offset % 4 or nbytes % 4 or rows.stride(0) % 4 or rows.data_ptr() % 4:
         raise ValueError(_WORDS_ONLY)
     idx = block_ids(ids, rows.device)
-    words, n = rows.view(torch.int32), nbytes // 4
+    words, n = rows[:, :offset + nbytes].view(torch.int32), nbytes // 4
     nchunks = max(1, triton.cdiv(n, block))
     part = torch.zeros(len(idx), nchunks, 2, dtype=torch.int64, device=rows.device)
     if len(idx) and n:
