@@ -11,6 +11,8 @@ one launch:
 
 A page is `cache[b]` for a tensor whose first dimension is the block and whose pages are each
 contiguous (the first-dimension stride may be larger, as in vLLM's shared hybrid tensors).
+Block ids must be in range: the Triton path does not check them (a check would wait on the
+device), where torch's index ops raise.
 
 Checksum ("hs32x2"): the byte range is read as little-endian uint32 words `w[0..m)`
 (`offset` and `nbytes` must be multiples of 4) and
