@@ -50,6 +50,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 
 from histate_vllm import rank_reports
+from histate_vllm.admission import Admission
 from histate_vllm.config import HiStateConfig
 from histate_vllm.identity import check_parallelism, store_identity, store_root
 from histate_vllm.layout import CacheLayout
@@ -84,6 +85,10 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         self._pending_state_output: SchedulerOutput | None = None
         # vLLM counts job completions the same way (one per worker).
         self._ssd_tally = rank_reports.SSDReportTally(vllm_config.parallel_config.world_size)
+        self.admission = Admission(
+            spec.layout.block_tokens, len(spec.layout.kv_group_ids),
+            len(spec.layout.state_group_ids), vllm_config.model_config.max_model_len,
+        )
 
     def _keep_block_size(self) -> None:
         """Prefill chunks must end on KV blocks, or no recurrent state is ever saved.
@@ -115,6 +120,16 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         hit, is_async = super().get_num_new_matched_tokens(
             request, num_computed_tokens, max_num_new_tokens
         )
+        if hit:
+            # A load that does not fit the free GPU blocks would stall vLLM's whole waiting
+            # queue: restore the deepest checkpoint that fits instead (see admission.py).
+            cap = self.admission.cap(request, num_computed_tokens, hit,
+                                     self.manager.live_requests())
+            if cap is not None:
+                logger.debug("HiState: %s restore of %d tokens capped at %d to fit the free "
+                             "GPU blocks", request.request_id, hit, cap)
+                hit, is_async = super().get_num_new_matched_tokens(
+                    request, num_computed_tokens, cap)
         if hit is not None:
             self.manager.note_hit(request, num_computed_tokens + hit, num_computed_tokens)
             self._steer_chunk_end(request, num_computed_tokens + hit)
@@ -265,6 +280,11 @@ class HiStateConnector(OffloadingConnector):
             self.connector_scheduler = HiStateConnectorScheduler(spec, vllm_config, kv_cache_config)
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = HiStateConnectorWorker(spec, vllm_config, kv_cache_config)
+
+    def bind_kv_cache_manager(self, kv_cache_manager) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        if self.connector_scheduler is not None:
+            self.connector_scheduler.admission.bind(kv_cache_manager)
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
