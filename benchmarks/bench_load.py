@@ -207,7 +207,7 @@ def main() -> None:
     ap.add_argument("--max-delay", type=float, default=30.0, help="s, cap on one gap")
     ap.add_argument("--max-context", type=int, default=24000)
     ap.add_argument("--warm-prefix", type=int, default=7663)
-    ap.add_argument("--max-output-tokens", type=int, default=64,
+    ap.add_argument("--max-output-tokens", type=int, default=128,
                     help="cap on the trace's output lengths (decode on 2 CPUs is slow)")
     ap.add_argument("--gpu-blocks", type=int, default=100)
     ap.add_argument("--batch-tokens", type=int, default=2048, help="max_num_batched_tokens")

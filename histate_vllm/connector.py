@@ -85,6 +85,12 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         self._pending_state_output: SchedulerOutput | None = None
         # vLLM counts job completions the same way (one per worker).
         self._ssd_tally = rank_reports.SSDReportTally(vllm_config.parallel_config.world_size)
+        # vLLM defers the lookup of a request whose hit overlaps another request's load in
+        # flight, for at least one engine step per retry, to save a duplicate copy. Loading
+        # the same keys twice is safe here (pins are counted, the worker only reads them)
+        # and costs a copy from DRAM or one more SSD read, less than the step: no lookup
+        # waits on a transfer.
+        self._chunks_being_loaded = None
         self.admission = Admission(
             spec.layout.block_tokens, len(spec.layout.kv_group_ids),
             len(spec.layout.state_group_ids), vllm_config.model_config.max_model_len,
