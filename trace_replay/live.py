@@ -167,12 +167,12 @@ async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict],
     url = cfg.url.rstrip("/")
     records: list[dict] = []
     budget = [cfg.max_requests]
-    t_start = time.perf_counter()
-    deadline = t_start + cfg.max_time
     order = _session_order(workload, cfg)
     limits = httpx.Limits(max_connections=max(4, cfg.concurrency * 2))
     async with httpx.AsyncClient(limits=limits, timeout=cfg.request_timeout) as client:
         model = cfg.model or await _first_model(client, url)
+        t_start = time.perf_counter()
+        deadline = t_start + cfg.max_time
 
         async def user() -> None:
             for salt, s in order:  # one shared iterator: each session goes to one user
