@@ -212,7 +212,7 @@ def main() -> None:
     ap.add_argument("--gpu-blocks", type=int, default=100)
     ap.add_argument("--batch-tokens", type=int, default=2048, help="max_num_batched_tokens")
     ap.add_argument("--max-model-len", type=int, default=32768)
-    ap.add_argument("--dram-mib", type=int, default=1024)
+    ap.add_argument("--dram-mib", type=int, default=256)
     ap.add_argument("--ssd-mib", type=int, default=4096)
     ap.add_argument("--servers", default="vllm,histate", help="which servers, in this order")
     ap.add_argument("--dir", help="work directory (default: a temporary one)")

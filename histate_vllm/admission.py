@@ -48,7 +48,10 @@ def _in_flight_prefill(request) -> bool:
     if status == RequestStatus.WAITING_FOR_REMOTE_KVS:
         return True
     if status == RequestStatus.RUNNING:
-        return bool(getattr(request, "is_prefill_chunk", False))
+        # is_prefill_chunk is updated after each scheduling pass: one admitted earlier in
+        # this pass still shows its computed tokens only.
+        return bool(getattr(request, "is_prefill_chunk", False)) or (
+            request.num_computed_tokens < request.num_prompt_tokens)
     return status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) and (
         0 < request.num_computed_tokens < request.num_tokens)
 

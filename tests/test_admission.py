@@ -50,9 +50,11 @@ def test_in_flight_prefills_reservations_shrink_the_restore():
     loading = _req("l", 10 * BT, RequestStatus.WAITING_FOR_REMOTE_KVS, computed=9 * BT)
     decoding = _req("d", 30 * BT, RequestStatus.RUNNING, computed=30 * BT)
     queued = _req("q", 30 * BT)
-    live = [req, running, loading, decoding, queued]
-    a = _admission(free=40, remaining={"p": 20, "l": 4, "d": 99, "q": 99})
-    # 40 free - 24 reserved (the prefill and the load, not the decode or the queued one)
+    # Admitted earlier in this scheduling pass: is_prefill_chunk is not updated yet.
+    admitted = _req("a", 10 * BT, RequestStatus.RUNNING, computed=0)
+    live = [req, running, loading, decoding, queued, admitted]
+    a = _admission(free=50, remaining={"p": 20, "l": 4, "d": 99, "q": 99, "a": 10})
+    # 50 free - 34 reserved (the prefills and the load, not the decode or the queued one)
     # = 16 blocks: the state's and 14 of KV.
     assert a.cap(req, 0, 19 * BT, live) == 14 * BT
     # After a 3-block GPU hit the restore starts there; the cap counts tokens past it.
