@@ -137,11 +137,17 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
                 hit, is_async = super().get_num_new_matched_tokens(
                     request, num_computed_tokens, cap)
         if hit is not None:
-            self.manager.note_hit(request, num_computed_tokens + hit, num_computed_tokens)
-            self._steer_chunk_end(request, num_computed_tokens + hit)
+            done = num_computed_tokens + hit
+            self.manager.note_hit(request, done, num_computed_tokens)
+            if not (hit and request.shared_prefix_boundary == done):
+                self._steer_chunk_end(request, done)
+            # else: vLLM found the GPU holding this prefix's KV but not its state (a
+            # junction) and the restore brings that state: keep the junction, so vLLM
+            # caches the restored state on the GPU when the load lands (it retains a
+            # state only at a prompt end or a junction) and the next request sharing the
+            # prefix hits the GPU instead of restoring it again.
             logger.debug("HiState: %s resumes at %d; checkpoints planned at %s",
-                         request.request_id, num_computed_tokens + hit,
-                         self.manager.capture_positions(request))
+                         request.request_id, done, self.manager.capture_positions(request))
         return hit, is_async
 
     def _steer_chunk_end(self, request, done: int) -> None:
