@@ -16,7 +16,8 @@ Per server: requests completed and failed, TTFT mean/p50/p90/p99/max (client sid
 first streamed token), cached tokens per tier (GPU: vLLM's `prefix_cache_hits` on /metrics;
 DRAM and SSD: HiState's `histate_restored_tokens`; the responses' `cached_tokens` as a check),
 and the lookups vLLM deferred. After the HiState server's normal stop (SIGTERM) the store is
-checked with `python -m histate_vllm fsck`.
+checked with `python -m histate_vllm fsck`, then opened as the next start opens it (orphans
+collected) and checked again.
 
     python benchmarks/bench_load.py [TRACE_DIR ...] [--users 4] [--duration 270] [--dir WORK]
 
@@ -148,18 +149,34 @@ def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dic
     return s
 
 
-def _fsck(store: Path) -> str:
+def _fsck(store: Path) -> tuple[str, list[dict]]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     r = subprocess.run([sys.executable, "-m", "histate_vllm", "fsck", str(store), "--json"],
                        capture_output=True, text=True, env=env)
     try:
-        reports = json.loads(r.stdout)
-        reports = reports if isinstance(reports, list) else [reports]
-        orphans = sum(len(x.get("orphans", ())) if isinstance(x.get("orphans"), list)
-                      else x.get("orphans", 0) for x in reports)
-        return f"exit {r.returncode}, orphans {orphans}"
-    except (json.JSONDecodeError, AttributeError):
-        return f"exit {r.returncode}: {(r.stdout + r.stderr).strip()[-300:]}"
+        reports = json.loads(r.stdout)["stores"]
+    except (json.JSONDecodeError, KeyError):
+        return f"exit {r.returncode}: {(r.stdout + r.stderr).strip()[-300:]}", []
+    bad = sum(len(x["checkpoints_bad"]) + len(x["chunks_bad"]) for x in reports)
+    orphans = sum(len(x["orphans"]) for x in reports)
+    return f"exit {r.returncode}, {bad} bad entries, {orphans} orphans", reports
+
+
+def _start_up(store: Path, reports: list[dict]) -> str:
+    """What the next engine start does to the store (store.startup, the engine's own
+    start-up step, without an engine), then fsck again."""
+    import msgspec
+
+    from histate_vllm.store.format import StoreIdentity
+    from histate_vllm.store.startup import open_for_engine
+
+    removed = 0
+    for x in reports:
+        ident = msgspec.convert(x["identity"], StoreIdentity)
+        _, lock, _, report = open_for_engine(str(store), ident, budget_bytes=1 << 40)
+        lock.release()
+        removed += report.orphans_removed
+    return f"start-up removed {removed} orphans; fsck then: {_fsck(store)[0]}"
 
 
 ROWS = [
@@ -233,7 +250,8 @@ def main() -> None:
     for name in args.servers.split(","):
         runs[name] = _run(args, model, work, name, connector if name == "histate" else None)
         if name == "histate":
-            fsck = _fsck(store)
+            fsck, reports = _fsck(store)
+            fsck += "; " + _start_up(store, reports)
         print(json.dumps({name: runs[name]}), flush=True)
     block = next((r["block"] for r in runs.values() if r.get("block")), None)
     print(f"\n{args.users} users, recycled, {len(load([str(p) for p in args.traces]).sessions)} "
