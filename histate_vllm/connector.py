@@ -50,6 +50,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 
 from histate_vllm import rank_reports
+from histate_vllm.admission import Admission
 from histate_vllm.config import HiStateConfig
 from histate_vllm.identity import check_parallelism, store_identity, store_root
 from histate_vllm.layout import CacheLayout
@@ -84,6 +85,16 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         self._pending_state_output: SchedulerOutput | None = None
         # vLLM counts job completions the same way (one per worker).
         self._ssd_tally = rank_reports.SSDReportTally(vllm_config.parallel_config.world_size)
+        # vLLM defers the lookup of a request whose hit overlaps another request's load in
+        # flight, for at least one engine step per retry, to save a duplicate copy. Loading
+        # the same keys twice is safe here (pins are counted, the worker only reads them)
+        # and costs a copy from DRAM or one more SSD read, less than the step: no lookup
+        # waits on a transfer.
+        self._chunks_being_loaded = None
+        self.admission = Admission(
+            spec.layout.block_tokens, len(spec.layout.kv_group_ids),
+            len(spec.layout.state_group_ids), vllm_config.model_config.max_model_len,
+        )
 
     def _keep_block_size(self) -> None:
         """Prefill chunks must end on KV blocks, or no recurrent state is ever saved.
@@ -115,12 +126,28 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         hit, is_async = super().get_num_new_matched_tokens(
             request, num_computed_tokens, max_num_new_tokens
         )
+        if hit:
+            # A load that does not fit the free GPU blocks would stall vLLM's whole waiting
+            # queue: restore the deepest checkpoint that fits instead (see admission.py).
+            cap = self.admission.cap(request, num_computed_tokens, hit,
+                                     self.manager.live_requests())
+            if cap is not None:
+                logger.debug("HiState: %s restore of %d tokens capped at %d to fit the free "
+                             "GPU blocks", request.request_id, hit, cap)
+                hit, is_async = super().get_num_new_matched_tokens(
+                    request, num_computed_tokens, cap)
         if hit is not None:
-            self.manager.note_hit(request, num_computed_tokens + hit, num_computed_tokens)
-            self._steer_chunk_end(request, num_computed_tokens + hit)
+            done = num_computed_tokens + hit
+            self.manager.note_hit(request, done, num_computed_tokens)
+            if not (hit and request.shared_prefix_boundary == done):
+                self._steer_chunk_end(request, done)
+            # else: vLLM found the GPU holding this prefix's KV but not its state (a
+            # junction) and the restore brings that state: keep the junction, so vLLM
+            # caches the restored state on the GPU when the load lands (it retains a
+            # state only at a prompt end or a junction) and the next request sharing the
+            # prefix hits the GPU instead of restoring it again.
             logger.debug("HiState: %s resumes at %d; checkpoints planned at %s",
-                         request.request_id, num_computed_tokens + hit,
-                         self.manager.capture_positions(request))
+                         request.request_id, done, self.manager.capture_positions(request))
         return hit, is_async
 
     def _steer_chunk_end(self, request, done: int) -> None:
@@ -265,6 +292,11 @@ class HiStateConnector(OffloadingConnector):
             self.connector_scheduler = HiStateConnectorScheduler(spec, vllm_config, kv_cache_config)
         elif role == KVConnectorRole.WORKER:
             self.connector_worker = HiStateConnectorWorker(spec, vllm_config, kv_cache_config)
+
+    def bind_kv_cache_manager(self, kv_cache_manager) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        if self.connector_scheduler is not None:
+            self.connector_scheduler.admission.bind(kv_cache_manager)
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):

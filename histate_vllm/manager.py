@@ -153,6 +153,9 @@ class HiStateManager(OffloadingManager):
     def live_request(self, request_id: str):
         return self._requests.get(request_id)
 
+    def live_requests(self):
+        return self._requests.values()
+
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
 

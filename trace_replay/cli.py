@@ -158,7 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-requests", type=int, default=50)
     v.add_argument("--max-time", type=float, default=600.0, help="s, whole replay")
     v.add_argument("--time-scale", type=float, default=0.0,
-                   help="multiply think times (default 0: send the next turn at once)")
+                   help="multiply every (capped) gap (default 0: send the next turn at once)")
+    v.add_argument("--gap", choices=["think", "arrival"], default="think",
+                   help="gap before a session's next request, from the end of the previous "
+                        "one: think_time, or the recorded arrival gap (kv-cache-tester's "
+                        "'original' timing)")
+    v.add_argument("--max-delay", type=_seconds_or_none, default=math.inf, metavar="S",
+                   help="cap one gap at S seconds before --time-scale (default: none)")
+    v.add_argument("--max-context", type=int, default=0, metavar="TOKENS",
+                   help="end a session at its first longer request (0: no limit)")
+    v.add_argument("--warm-prefix", type=int, default=0, metavar="TOKENS",
+                   help="the same TOKENS tokens in front of every prompt")
+    v.add_argument("--recycle", action="store_true",
+                   help="users start the workload again (new conversations) when it runs out")
     v.add_argument("--max-input-tokens", type=int, default=7680)
     v.add_argument("--max-output-tokens", type=int, default=16)
     v.add_argument("--vocab", type=int, default=2000, help="token ids are drawn below this")
@@ -291,7 +303,9 @@ def cmd_live(a: argparse.Namespace) -> int:
                      max_requests=a.max_requests, max_time=a.max_time,
                      time_scale=a.time_scale, max_input_tokens=a.max_input_tokens,
                      max_output_tokens=a.max_output_tokens, vocab=a.vocab,
-                     request_timeout=a.timeout)
+                     request_timeout=a.timeout, gap=a.gap, max_delay=a.max_delay,
+                     max_context=a.max_context, warm_prefix_tokens=a.warm_prefix,
+                     recycle=a.recycle)
     import httpx
 
     try:
@@ -300,7 +314,7 @@ def cmd_live(a: argparse.Namespace) -> int:
         raise SystemExit(f"live replay: cannot reach {a.url}: {exc!r}") from None
     s = rep["summary"]
     print(f"{s['completed']} requests ({s['failed']} failed): TTFT p50 {s['ttft_p50']:.3f} s, "
-          f"p99 {s['ttft_p99']:.3f} s, cached tokens {s['cached_tokens']:,} of "
+          f"p90 {s['ttft_p90']:.3f} s, p99 {s['ttft_p99']:.3f} s, cached tokens {s['cached_tokens']:,} of "
           f"{s['prompt_tokens']:,} ({s['hit_rate']:.1%})")
     if a.json:
         a.json.write_text(json.dumps(_clean(rep)))

@@ -3,12 +3,20 @@
 Prompts are token ids: each full block's tokens are a pure function of its chained block id
 (so requests that share a prefix in the trace send identical prefixes), the partial tail's a
 function of the request. Prompts are cut to `max_input_tokens` (a prefix, so sharing
-survives). Each session is a closed loop (next turn `think_time * time_scale` after the
-previous response); at most `concurrency` sessions run at once, in workload order.
+survives). Each session is a closed loop: the next turn is sent `min(gap, max_delay) *
+time_scale` after the previous response, where gap is the request's `think_time` (`gap=
+"think"`) or the recorded arrival gap t[k] - t[k-1] (`gap="arrival"`, kv-cache-tester's
+"original" timing). `concurrency` users each run one session at a time, taking the next in
+workload order; with `recycle` a user that runs out of sessions starts the workload again,
+salted so the new pass is a new conversation (as the load tester's recycled users).
+`max_context` ends a session at its first request with more input tokens (kv-cache-tester's
+--max-context); `warm_prefix_tokens` prepends the same tokens to every prompt (its shared
+warm prefix).
 
 Per request: TTFT = send to the first streamed choice; cached tokens from the final usage
 chunk's `prompt_tokens_details.cached_tokens` (vLLM: `--enable-prompt-tokens-details`).
-Bounded by `max_requests` and `max_time`; only loopback URLs are accepted.
+Bounded by `max_requests` and `max_time` (nothing is sent after it; requests in flight
+finish, up to `request_timeout`); only loopback URLs are accepted.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from urllib.parse import urlparse
@@ -23,7 +32,8 @@ from urllib.parse import urlparse
 import numpy as np
 
 from .hashing import mix64_array, namespace_seed
-from .model import Request, Workload
+from .model import Request, Session, Workload
+from .sim.engine import limit_context
 
 MIN_TOKEN = 2  # keep clear of the lowest (special) ids
 
@@ -40,6 +50,17 @@ class LiveConfig:
     max_output_tokens: int = 16
     vocab: int = 2000
     request_timeout: float = 300.0
+    gap: str = "think"  # "think" (think_time) or "arrival" (recorded t[k] - t[k-1])
+    max_delay: float = math.inf  # cap on one gap, s, before time_scale
+    max_context: int = 0  # end a session at its first longer request (0: no limit)
+    warm_prefix_tokens: int = 0  # the same tokens in front of every prompt
+    recycle: bool = False  # users start the workload again (salted) when it runs out
+
+    def __post_init__(self) -> None:
+        if self.gap not in ("think", "arrival"):
+            raise ValueError(f"gap must be 'think' or 'arrival', got {self.gap!r}")
+        if self.max_delay <= 0 or self.time_scale < 0:
+            raise ValueError("max_delay must be > 0 and time_scale >= 0")
 
 
 def check_loopback(url: str) -> None:
@@ -54,12 +75,25 @@ def check_loopback(url: str) -> None:
     raise ValueError(f"live replay only talks to this machine; {url!r} is not a loopback URL")
 
 
-def prompt_tokens(req: Request, block_size: int, cfg: LiveConfig) -> list[int]:
-    n = max(1, min(req.input_tokens, cfg.max_input_tokens))
+def warm_prefix(cfg: LiveConfig) -> list[int]:
+    span = np.uint64(max(1, cfg.vocab - MIN_TOKEN))
+    offs = np.arange(cfg.warm_prefix_tokens, dtype=np.uint64)
+    tokens = mix64_array(namespace_seed("live-warm"), offs) % span
+    return (tokens.astype(np.int64) + MIN_TOKEN).tolist()
+
+
+def prompt_tokens(req: Request, block_size: int, cfg: LiveConfig, salt: int = 0) -> list[int]:
+    """The prompt of `req`: the warm prefix, then the trace's tokens. `salt` (a recycled
+    pass) changes every trace token, so the pass shares only the warm prefix with others."""
+    warm = warm_prefix(cfg) if cfg.warm_prefix_tokens else []
+    n = max(1, min(req.input_tokens, cfg.max_input_tokens - len(warm)))
     span = np.uint64(max(1, cfg.vocab - MIN_TOKEN))
     offs = np.arange(block_size, dtype=np.uint64)
     parts = []
     ids = req.block_hashes.tolist()
+    if salt:
+        ids = mix64_array(namespace_seed("live-pass", salt), np.asarray(ids, np.uint64)
+                          ).tolist()
     full = min(n // block_size, len(ids))
     for bid in ids[:full]:
         parts.append(mix64_array(int(bid), offs).astype(np.uint64) % span)
@@ -68,9 +102,26 @@ def prompt_tokens(req: Request, block_size: int, cfg: LiveConfig) -> list[int]:
         # Inside a full block of the trace the block's own tokens (a cut prompt stays a
         # prefix); past the last full block, tokens of this request only.
         seed = ids[full] if full < len(ids) else namespace_seed("live-tail", req.session_id,
-                                                                   req.index)
+                                                                   req.index, salt)
         parts.append(mix64_array(int(seed), offs[:rest]).astype(np.uint64) % span)
-    return (np.concatenate(parts).astype(np.int64) + MIN_TOKEN).tolist()
+    return warm + (np.concatenate(parts).astype(np.int64) + MIN_TOKEN).tolist()
+
+
+def _gap(cfg: LiveConfig, prev: Request, req: Request) -> float:
+    raw = req.think_time if cfg.gap == "think" else max(0.0, req.t - prev.t)
+    return min(raw, cfg.max_delay) * cfg.time_scale
+
+
+def _session_order(workload: Workload, cfg: LiveConfig):
+    """(pass, session) in the order users take them; passes after the first are salted."""
+    sessions = [s for s in workload.sessions if s.requests]
+    k = 0
+    while sessions:
+        for s in sessions:
+            yield k, s
+        k += 1
+        if not cfg.recycle:
+            return
 
 
 async def _first_model(client, url: str) -> str:
@@ -116,38 +167,42 @@ async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict],
     url = cfg.url.rstrip("/")
     records: list[dict] = []
     budget = [cfg.max_requests]
-    t_start = time.perf_counter()
-    deadline = t_start + cfg.max_time
-    sessions = [s for s in workload.sessions if s.requests]
+    order = _session_order(workload, cfg)
     limits = httpx.Limits(max_connections=max(4, cfg.concurrency * 2))
     async with httpx.AsyncClient(limits=limits, timeout=cfg.request_timeout) as client:
         model = cfg.model or await _first_model(client, url)
-        gate = asyncio.Semaphore(max(1, cfg.concurrency))
+        t_start = time.perf_counter()
+        deadline = t_start + cfg.max_time
 
-        async def run_session(s) -> None:
-            async with gate:
-                for k, req in enumerate(s.requests):
-                    if k and cfg.time_scale > 0:
-                        await asyncio.sleep(req.think_time * cfg.time_scale)
-                    if budget[0] <= 0 or time.perf_counter() >= deadline:
-                        return
-                    budget[0] -= 1
-                    tokens = prompt_tokens(req, workload.block_size, cfg)
-                    rec = {"session": s.id, "index": k, "label": req.label,
-                           "sent": time.perf_counter() - t_start, "input_tokens": len(tokens)}
-                    left = max(1.0, min(cfg.request_timeout, deadline - time.perf_counter()))
-                    try:
-                        rec.update(await _complete(
-                            client, url, model, tokens,
-                            max(1, min(req.output_tokens, cfg.max_output_tokens)), left))
-                        rec["ok"] = True
-                    except Exception as exc:  # noqa: BLE001 - recorded, never fatal
-                        rec.update(ok=False, error=f"{type(exc).__name__}: {exc}")
-                    records.append(rec)
-                    if bar is not None:
-                        bar.update(1)
+        async def user() -> None:
+            for salt, s in order:  # one shared iterator: each session goes to one user
+                if budget[0] <= 0 or time.perf_counter() >= deadline:
+                    return
+                await run_session(s, salt)
 
-        await asyncio.gather(*(run_session(s) for s in sessions))
+        async def run_session(s: Session, salt: int) -> None:
+            for k, req in enumerate(s.requests):
+                if k and cfg.time_scale > 0:
+                    await asyncio.sleep(_gap(cfg, s.requests[k - 1], req))
+                if budget[0] <= 0 or time.perf_counter() >= deadline:
+                    return
+                budget[0] -= 1
+                tokens = prompt_tokens(req, workload.block_size, cfg, salt)
+                rec = {"session": s.id, "pass": salt, "index": k, "label": req.label,
+                       "sent": time.perf_counter() - t_start, "input_tokens": len(tokens)}
+                try:  # sent before the deadline: it may finish after it
+                    rec.update(await _complete(
+                        client, url, model, tokens,
+                        max(1, min(req.output_tokens, cfg.max_output_tokens)),
+                        cfg.request_timeout))
+                    rec["ok"] = True
+                except Exception as exc:  # noqa: BLE001 - recorded, never fatal
+                    rec.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+                records.append(rec)
+                if bar is not None:
+                    bar.update(1)
+
+        await asyncio.gather(*(user() for _ in range(max(1, cfg.concurrency))))
     return records, model, time.perf_counter() - t_start
 
 
@@ -156,9 +211,10 @@ def summarize(records: list[dict]) -> dict:
     ttft = np.array([r["ttft"] for r in ok]) if ok else np.array([np.nan])
     prompt = sum(r["prompt_tokens"] for r in ok)
     cached = sum(r["cached_tokens"] or 0 for r in ok)
-    p50, p95, p99 = np.percentile(ttft, [50, 95, 99])
+    p50, p90, p95, p99 = np.percentile(ttft, [50, 90, 95, 99])
     return {"completed": len(ok), "failed": len(records) - len(ok),
-            "ttft_p50": float(p50), "ttft_p95": float(p95), "ttft_p99": float(p99),
+            "ttft_p50": float(p50), "ttft_p90": float(p90), "ttft_p95": float(p95),
+            "ttft_p99": float(p99), "ttft_max": float(np.max(ttft)),
             "ttft_mean": float(np.mean(ttft)), "prompt_tokens": int(prompt),
             "cached_tokens": int(cached), "hit_rate": cached / prompt if prompt else 0.0,
             "cached_tokens_reported": any(r.get("cached_tokens") is not None for r in ok)}
@@ -166,11 +222,13 @@ def summarize(records: list[dict]) -> dict:
 
 def replay_live(workload: Workload, cfg: LiveConfig, progress: bool = False) -> dict:
     check_loopback(cfg.url)
+    if cfg.max_context > 0:
+        workload, _ = limit_context(workload, max(1, cfg.max_context - cfg.warm_prefix_tokens))
     bar = None
     if progress:
         from tqdm import tqdm
 
-        total = min(cfg.max_requests, workload.n_requests)
+        total = cfg.max_requests if cfg.recycle else min(cfg.max_requests, workload.n_requests)
         bar = tqdm(total=total, unit="req", desc="live", leave=False)
     try:
         records, model, wall = asyncio.run(_replay(workload, cfg, bar))

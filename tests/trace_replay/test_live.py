@@ -1,9 +1,23 @@
 """Live replay pieces that need no server: token-id prompts and the loopback guard."""
 
+import http.server
+import itertools
+import json
+import threading
+import time
+
+import msgspec
 import pytest
 
 from trace_replay import synth
-from trace_replay.live import LiveConfig, check_loopback, prompt_tokens, replay_live
+from trace_replay.live import (
+    LiveConfig,
+    _gap,
+    _session_order,
+    check_loopback,
+    prompt_tokens,
+    replay_live,
+)
 
 SHAPE = synth.Shape(n_sessions=2, turns=3, system_tokens=1024, new_tokens=1000,
                     output_tokens=8, jitter=0.0, stagger=False)
@@ -44,3 +58,113 @@ def test_other_urls_are_refused(url):
         check_loopback(url)
     with pytest.raises(ValueError, match="loopback"):
         replay_live(synth.append_pattern(SHAPE), LiveConfig(url=url))
+
+
+def test_warm_prefix_is_shared_and_salt_makes_a_new_conversation():
+    wl = synth.append_pattern(SHAPE)
+    cfg = LiveConfig(warm_prefix_tokens=300, max_input_tokens=100_000)
+    a0, b0 = wl.sessions[0].requests[0], wl.sessions[1].requests[0]
+    t_a0, t_b0 = (prompt_tokens(r, wl.block_size, cfg) for r in (a0, b0))
+    assert len(t_a0) == a0.input_tokens + 300
+    assert t_a0[:300] == t_b0[:300]
+    plain = prompt_tokens(a0, wl.block_size, LiveConfig(max_input_tokens=100_000))
+    assert t_a0[300:] == plain  # the trace's own tokens follow the warm prefix unchanged
+    salted = prompt_tokens(a0, wl.block_size, cfg, salt=1)
+    assert salted[:300] == t_a0[:300] and salted[300:364] != t_a0[300:364]
+    a1 = wl.sessions[0].requests[1]
+    full = a0.input_tokens // wl.block_size * wl.block_size
+    # A salted pass keeps its own prefix sharing: the next turn extends the salted prompt.
+    assert prompt_tokens(a1, wl.block_size, cfg, salt=1)[:300 + full] == salted[:300 + full]
+    cut = prompt_tokens(a0, wl.block_size, LiveConfig(warm_prefix_tokens=300,
+                                                      max_input_tokens=1000))
+    assert cut == t_a0[:1000]
+
+
+def test_gaps_are_capped_then_scaled():
+    wl = synth.append_pattern(SHAPE)
+    s = wl.sessions[0]
+    prev, req = s.requests[0], s.requests[1]
+    req = msgspec.structs.replace(req, t=prev.t + 100.0, think_time=7.0)
+    assert _gap(LiveConfig(time_scale=0.5), prev, req) == 3.5
+    assert _gap(LiveConfig(gap="arrival", time_scale=0.2, max_delay=30.0), prev, req) == 6.0
+    with pytest.raises(ValueError):
+        LiveConfig(gap="wall")
+
+
+def test_recycled_users_start_the_workload_again_salted():
+    wl = synth.append_pattern(SHAPE)
+    ids = [s.id for s in wl.sessions if s.requests]
+    once = list(_session_order(wl, LiveConfig()))
+    assert [(k, s.id) for k, s in once] == [(0, i) for i in ids]
+    again = list(itertools.islice(_session_order(wl, LiveConfig(recycle=True)), 2 * len(ids)))
+    assert [(k, s.id) for k, s in again] == [(k, i) for k in (0, 1) for i in ids]
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-style completions endpoint that streams one token after a short delay."""
+
+    prompts: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "m"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Handler.prompts.append(req["prompt"])
+        time.sleep(0.05)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        usage = {"prompt_tokens": len(req["prompt"]), "completion_tokens": 1,
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        for chunk in ({"choices": [{"text": "x"}]}, {"choices": [], "usage": usage}):
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+def test_recycled_users_replay_until_the_deadline():
+    _Handler.prompts = []
+    server = _Server(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        wl = synth.append_pattern(SHAPE)  # 2 sessions x 3 turns
+        cfg = LiveConfig(url=f"http://127.0.0.1:{server.server_address[1]}", concurrency=2,
+                         max_requests=10, max_time=60.0, recycle=True, warm_prefix_tokens=50)
+        rep = replay_live(wl, cfg)
+    finally:
+        server.shutdown()
+    recs = rep["requests"]
+    assert rep["summary"]["completed"] == 10 and rep["summary"]["failed"] == 0
+    assert {r["pass"] for r in recs} == {0, 1}  # the workload ran out and started again
+    assert all(p[:50] == _Handler.prompts[0][:50] for p in _Handler.prompts)
+    first = {(r["session"], r["index"]): r for r in recs if r["pass"] == 0}
+    again = [r for r in recs if r["pass"] == 1]
+    assert all(r["input_tokens"] == first[r["session"], r["index"]]["input_tokens"]
+               for r in again if (r["session"], r["index"]) in first)
+
+
+def test_requests_in_flight_at_the_deadline_finish_and_no_more_are_sent():
+    _Handler.prompts = []
+    server = _Server(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = LiveConfig(url=f"http://127.0.0.1:{server.server_address[1]}", concurrency=2,
+                         max_requests=100, max_time=0.01, recycle=True)
+        rep = replay_live(synth.append_pattern(SHAPE), cfg)
+    finally:
+        server.shutdown()
+    # Each user's first request was sent before the deadline and outlives it (the server
+    # takes 50 ms): it counts as completed, not as an error.
+    assert rep["summary"]["completed"] == len(rep["requests"]) == 2
+    assert len(_Handler.prompts) == len(rep["requests"])

