@@ -31,13 +31,10 @@ import json
 import math
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,80 +43,22 @@ sys.path.insert(0, str(REPO / "examples"))
 
 from trace_replay import load  # noqa: E402
 from trace_replay.live import LiveConfig, replay_live  # noqa: E402
+from trace_replay.server import local_server, metric_sum as _sum, metrics as _metrics  # noqa: E402
 
 MiB = 1 << 20
 SAMPLES = REPO / "trace_replay" / "samples" / "weka"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _metrics(url: str) -> str:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
-        return r.read().decode()
-
-
-def _sum(text: str, name: str, **labels) -> float:
-    total = 0.0
-    for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.M):
-        if all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """A normal stop: SIGTERM to the server's process group, SIGKILL only if it hangs."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
-
-
-def _serve(args, model: str, work: Path, name: str, connector: dict | None):
-    port = _free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--served-model-name", "tiny", "--enable-prefix-caching",
-           "--max-model-len", str(args.max_model_len),
-           "--num-gpu-blocks-override", str(args.gpu_blocks),
-           "--max-num-batched-tokens", str(args.batch_tokens),
-           "--mamba-ssm-cache-dtype", "float32", "--enforce-eager",
-           "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port)]
-    if connector is not None:
-        cmd += ["--kv-transfer-config", json.dumps(connector)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(REPO)}
-    log = work / f"{name}.log"
-    out = open(log, "wb")  # noqa: SIM115 - closed by the caller after the server stops
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True, cwd=str(REPO))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
-            sys.exit(f"{name}: server did not start:\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return proc, out, url, log
-        except OSError:
-            time.sleep(1.0)
-
-
 def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dict:
     print(f"{name}: starting the server", flush=True)
-    proc, out, url, log = _serve(args, model, work, name, connector)
-    try:
+    log = work / f"{name}.log"
+    serve_args = ["--served-model-name", "tiny", "--max-model-len", str(args.max_model_len),
+                  "--num-gpu-blocks-override", str(args.gpu_blocks),
+                  "--max-num-batched-tokens", str(args.batch_tokens),
+                  "--mamba-ssm-cache-dtype", "float32"]
+    with local_server(model, log, args=serve_args, connector=connector,
+                      env={"VLLM_CPU_KVCACHE_SPACE": "2", "PYTHONPATH": str(REPO)},
+                      startup_timeout=300.0, cwd=str(REPO)) as url:
         cfg = LiveConfig(url=url, model="tiny", concurrency=args.users, max_requests=1 << 30,
                          max_time=args.duration, time_scale=args.time_scale, gap="arrival",
                          max_delay=args.max_delay, max_context=args.max_context,
@@ -130,9 +69,6 @@ def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dic
         rep = replay_live(load([str(p) for p in args.traces]), cfg)
         time.sleep(2.0)  # the last step's stats reach /metrics with the engine's outputs
         text = _metrics(url)
-    finally:
-        _stop(proc)
-        out.close()
     s = rep["summary"]
     s.update(
         gpu=_sum(text, "vllm:prefix_cache_hits_total"),
