@@ -4,7 +4,8 @@ It reads only the primary state of a policy (tree links, entries, residency, pin
 touch order) and re-derives liveness, units, costs, scores and placement ranks without any of
 the incremental machinery, then evicts one candidate at a time exactly as the contract says:
 stage 1 (copies the other tier also holds: from DRAM what SSD backs, and when spilling KV
-chunks held in DRAM only, which move to SSD; from SSD the backups of KV chunks and terminal
+chunks held in DRAM only, and historical checkpoints held in DRAM only whose KV path is all
+on SSD, which move to SSD; from SSD the backups of KV chunks and terminal
 checkpoints DRAM holds; placement rank, then least recently touched),
 then stage 2 (the unit with the lowest H = t_last + tau*C/M, ties by node id): deleted in
 every tier, or with `spill` (DRAM pressure, an SSD tier) its DRAM copies move to SSD.
@@ -92,15 +93,26 @@ def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
         def is_leaf(n):
             return bool(n.st) and not live_kids(n)
 
+        def path_on_ssd(n):
+            x = n
+            while x is not None:
+                if any(not k.resident & BIT[Tier.SSD] for k in x.kv):
+                    return False
+                x = nodes.get(x.parent) if x.parent is not None else None
+            return True
+
         # Stage 1: copies the other tier also holds.
         best = None
         for n in nodes.values():
             for e in n.kv + n.st:
                 if not e.resident & bit or e.pins or e.pending:
                     continue
-                if not e.resident & ~bit and not (spill and tier == Tier.DRAM
-                                                  and e.kind == Kind.KV):
-                    continue  # held once: only a KV chunk moves down (from DRAM, spilling)
+                if not e.resident & ~bit and not (
+                        spill and tier == Tier.DRAM
+                        and (e.kind == Kind.KV or (not is_leaf(n) and path_on_ssd(n)))):
+                    # held once: only a KV chunk, or a historical checkpoint whose every KV
+                    # chunk before it is on SSD, moves down (from DRAM, spilling)
+                    continue
                 if tier == Tier.DRAM:
                     rank = (1 if is_leaf(n) else 0) if e.kind == Kind.STATE else 2
                 elif e.kind == Kind.KV:

@@ -339,3 +339,33 @@ def test_dram_pressure_moves_kv_to_ssd():
     assert where.count(frozenset({Tier.SSD})) == 4 and all(where)  # moved, none deleted
     assert core.restorable(a).position == 8 * BT
     core.check_invariants()
+
+
+def test_dram_pressure_moves_a_historical_checkpoint_once_its_kv_is_on_ssd():
+    """A historical checkpoint held in DRAM alone (its SSD write had to wait for its KV) is
+    what DRAM pressure moves down first, but only once every KV chunk before it is on SSD:
+    its manifest names them. Until then it waits in DRAM, and KV chunks move instead."""
+    core, mgr, clock = build(dram=8 * KVB + 2 * STB, terminal_reuse=0.5)
+    a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")
+    store(mgr, a, 8, [4, 8])  # history at 4 blocks, terminal at 8: all in DRAM only
+    mid = state_key(a, 4)
+    assert core.where(mid) == {Tier.DRAM}
+    clock.advance(10)
+    adm = core.admit([kv_item(b, 0, BT, KVB)], Tier.DRAM)
+    assert mid not in adm.spill and adm.spill and all(k.endswith(bytes(4)) for k in adm.spill)
+    for k in adm.spill:
+        core.committed(k, Tier.SSD, True)
+    for k in adm.accepted:
+        core.committed(k, Tier.DRAM, True)
+    # Every KV chunk before it now on SSD (backed): it goes before any KV chunk.
+    for i in range(4):
+        k = make_key(a[i], 0)
+        if Tier.SSD not in core.where(k):
+            core.admit([kv_item(a, i, BT, KVB)], Tier.SSD)
+            core.committed(k, Tier.SSD, True)
+    adm = core.admit([kv_item(b, 1, BT, KVB)], Tier.DRAM)
+    assert adm.evict[0] == (mid, Tier.DRAM) and mid in adm.spill
+    core.committed(mid, Tier.SSD, True)
+    assert core.where(mid) == {Tier.SSD}
+    assert core.restorable(a[:4]).position == 4 * BT
+    core.check_invariants()
