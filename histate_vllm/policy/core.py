@@ -30,6 +30,9 @@ _DRAM_T, _SSD_T = Tier.DRAM, Tier.SSD
 _BOTH = _DRAM | _SSD
 _KV, _STATE = Kind.KV, Kind.STATE
 MAX_OPEN_PLANS = 65536
+# A fork this close to the end of the context it leaves counts as a tail fork (forks.py);
+# also bounds the walk that measures it.
+TAIL_MAX_TOKENS = 8192
 
 
 def _fastest(mask: int) -> Tier:
@@ -394,7 +397,21 @@ class HiStatePolicy(Residency, PolicyCore):
         prefix = self._prefix(identity)
         n = self.index.nodes.get(prefix + block_hashes[nb - 1])
         if n is not None and n.children:
-            forks.observe(shared)
+            forks.observe(shared, self._tail_past(n))
+
+    def _tail_past(self, n) -> int | None:
+        """Tokens from n to the end of the one context continuing below it (its leaf
+        checkpoint), if that end lies within TAIL_MAX_TOKENS; None otherwise."""
+        x = n
+        limit = n.position + TAIL_MAX_TOKENS
+        while x.position < limit:
+            live = [c for c in x.children.values() if c.st or c.live_children]
+            if len(live) != 1:
+                return None
+            x = live[0]
+            if x.st and x.live_children == 0:
+                return x.position - n.position if x.position <= limit else None
+        return None
 
     def request_finished(self, request_id: str) -> None:
         self.plans.pop(request_id, None)

@@ -5,8 +5,9 @@ boundary before it), the point where reused history ended when no managed checkp
 there, and a learned boundary (Gufo): the end of the longest cached prefix when it reaches
 >= `learn_min_tokens` past the deepest restorable checkpoint. Intermediate: every I* tokens of
 the new segment [start, prompt end), I* from `IntervalModel`, at most `max_intermediate` of
-them (thinned evenly), then moved towards where internal hits were observed to land
-(forks.py). Every position is a multiple of the block size and > the resume point.
+them (thinned evenly); once internal hits were observed (forks.py: absolute depths, and
+forks a few blocks before the end of the context they left), re-chosen greedily under a
+mixture of the uniform prior and those depths, as many as pay for themselves. Every position is a multiple of the block size and > the resume point.
 """
 
 from __future__ import annotations
@@ -76,8 +77,13 @@ class CapturePlanner:
                 notes.append(f"intermediate points capped at {self.max_intermediate}")
             if self.forks is not None and self.model.fixed is None:
                 observed = self.forks.inside(start, end)
-                if observed and points:
-                    points = place(start, end, len(points), points, observed, bt)
+                if observed:
+                    m = self.model
+                    points = place(start, end, len(points), points, observed, bt,
+                                   # The uniform half of the mixture must reproduce I*: a
+                                   # checkpoint pays at half the interval model's r·N_s.
+                                   min_gain=0.5 * m.pressure * m.ns_tokens,
+                                   k_max=self.max_intermediate)
                     notes.append(f"placed for {len(observed)} observed fork depths")
             for p in points:
                 labels.setdefault(p, INTERVAL)
