@@ -23,17 +23,25 @@ def test_window_keeps_recent_depths():
     assert f.inside(0, 10) == [2, 3]
 
 
-def test_policy_learns_a_fork_depth_and_plans_there():
-    clock = Clock()
+def cached_context(terminal_state: bool):
+    """A policy holding the KV of one 64-block context `a` (and its prompt-end state)."""
     core = make_policy("histate", budgets={Tier.DRAM: 1 << 40, Tier.SSD: 1 << 40},
-                       block_tokens=BT, clock=clock, kv_groups=[0], state_groups=[1],
+                       block_tokens=BT, clock=Clock(), kv_groups=[0], state_groups=[1],
                        kv_bytes_per_token=1.0)
     a = chain(range(64), salt=b"a")
     items = [Item(make_key(a[i], 0), a[i], a[i - 1] if i else None, Kind.KV, (i + 1) * BT,
                   BT) for i in range(64)]
+    if terminal_state:
+        items.append(Item(make_key(a[63], 1), a[63], a[62], Kind.STATE, 64 * BT, 4 * BT,
+                          terminal=True))
     adm = core.admit(items, Tier.DRAM)
     for k in adm.accepted:
         core.committed(k, Tier.DRAM, True)
+    return core, a
+
+
+def test_policy_learns_a_fork_depth_and_plans_there():
+    core, a = cached_context(terminal_state=False)
     b = a[:10] + chain(range(10, 64), salt=b"b")  # leaves a's context at 10 blocks
     core.plan_captures("b", b, 64 * BT, 0)
     assert list(core.planner.forks.depths) == [10 * BT]
@@ -65,18 +73,7 @@ def test_tail_forks_are_learned_relative_to_the_end():
 def test_policy_learns_a_tail_fork_and_plans_one_block_before_the_end():
     """An agent rewrote the last block of its previous prompt: the next long segment gets a
     checkpoint one block before its end, at any absolute depth."""
-    clock = Clock()
-    core = make_policy("histate", budgets={Tier.DRAM: 1 << 40, Tier.SSD: 1 << 40},
-                       block_tokens=BT, clock=clock, kv_groups=[0], state_groups=[1],
-                       kv_bytes_per_token=1.0)
-    a = chain(range(64), salt=b"a")
-    items = [Item(make_key(a[i], 0), a[i], a[i - 1] if i else None, Kind.KV, (i + 1) * BT,
-                  BT) for i in range(64)]
-    items.append(Item(make_key(a[63], 1), a[63], a[62], Kind.STATE, 64 * BT, 4 * BT,
-                      terminal=True))
-    adm = core.admit(items, Tier.DRAM)
-    for k in adm.accepted:
-        core.committed(k, Tier.DRAM, True)
+    core, a = cached_context(terminal_state=True)
     b = a[:63] + chain(range(63, 80), salt=b"b")  # the last block of a's prompt rewritten
     core.plan_captures("b", b, 80 * BT, 0)
     assert list(core.planner.forks.tails) == [BT]
