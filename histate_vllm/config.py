@@ -30,6 +30,10 @@ class HiStateConfig:
     policy: str = "histate"
     # "adaptive" or a fixed checkpoint interval in tokens.
     interval: str | int = "adaptive"
+    # True: SSD keeps a copy of everything DRAM holds, so a restart loses nothing, and the
+    # cache's capacity is SSD's alone. False: those copies are the first to give up SSD
+    # space, and DRAM adds its capacity to SSD's (benchmarks/results_trace_replay.md).
+    ssd_mirror: bool = False
     # Most bytes of SSD writes queued in the background before new ones are dropped.
     ssd_queue_bytes: int = 256 << 20
     # An SSD restore not done after this many seconds is abandoned and recomputed.
@@ -62,6 +66,7 @@ class HiStateConfig:
             ssd_bytes=_nonneg_int(extra, "ssd_bytes") if "ssd_bytes" in extra else 0,
             policy=_choice(extra, "policy", POLICIES, "histate"),
             interval=_interval(extra),
+            ssd_mirror=_flag(extra, "ssd_mirror", cls.ssd_mirror),
             ssd_queue_bytes=(
                 _positive_int(extra, "ssd_queue_bytes")
                 if "ssd_queue_bytes" in extra
@@ -82,6 +87,9 @@ class HiStateConfig:
                 "HiStateConnector: 'ssd_dir' is set, so 'ssd_bytes' must be a positive "
                 "integer of bytes (the disk budget)"
             )
+        if cfg.ssd_mirror and cfg.policy != "histate":
+            raise ConfigError("HiStateConnector: 'ssd_mirror' applies to policy \"histate\" "
+                              "only (\"lru\" always writes through)")
         if cfg.ssd_dir is None and cfg.ssd_bytes:
             raise ConfigError("HiStateConnector: 'ssd_bytes' is set but 'ssd_dir' is not")
         return cfg
@@ -121,6 +129,13 @@ def _positive_seconds(extra: dict[str, Any], key: str, default: float) -> float:
             f"HiStateConnector: '{key}' must be a positive number of seconds, got {value!r}"
         )
     return float(value)
+
+
+def _flag(extra: dict[str, Any], key: str, default: bool) -> bool:
+    value = extra.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"HiStateConnector: '{key}' must be true or false, got {value!r}")
+    return value
 
 
 def _choice(extra: dict[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:

@@ -78,6 +78,7 @@ class HiStateManager(OffloadingManager):
             interval=config.interval,
             kv_groups=layout.kv_group_ids,
             state_groups=sorted(layout.state_group_ids),
+            **({"keep_backups": True} if config.ssd_mirror else {}),
         )
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self.orch = Orchestrator(

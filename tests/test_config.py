@@ -12,6 +12,8 @@ def test_minimal_and_full():
          "interval": 512}
     )
     assert (cfg.dram_bytes, cfg.ssd_bytes, cfg.policy, cfg.interval) == (1 << 20, 10, "lru", 512)
+    assert not cfg.ssd_mirror
+    assert HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_mirror": True}).ssd_mirror
 
 
 @pytest.mark.parametrize(
@@ -28,6 +30,8 @@ def test_minimal_and_full():
         ({"dram_bytes": 1, "ssd_dir": "/tmp/x"}, "'ssd_bytes' must be a positive"),
         ({"dram_bytes": 1, "ssd_bytes": 5}, "'ssd_dir' is not"),
         ({"dram_bytes": 1, "ssd_dir": ""}, "'ssd_dir' must be a directory"),
+        ({"dram_bytes": 1, "ssd_mirror": "yes"}, "'ssd_mirror' must be true or false"),
+        ({"dram_bytes": 1, "ssd_mirror": True, "policy": "lru"}, "'ssd_mirror' applies"),
     ],
 )
 def test_errors_name_the_key(extra, needle):

@@ -33,8 +33,8 @@ def published(tmp_path, n_blocks=2):
     return store, chunks, state
 
 
-def manager(store, ssd_bytes=1 << 30):
-    cfg = HiStateConfig(dram_bytes=16 * KEY, ssd_dir=store.root, ssd_bytes=ssd_bytes)
+def manager(store, ssd_bytes=1 << 30, **kw):
+    cfg = HiStateConfig(dram_bytes=16 * KEY, ssd_dir=store.root, ssd_bytes=ssd_bytes, **kw)
     return HiStateManager(LAYOUT, cfg, tokens_per_hash=BT, max_model_len=8192, store=store)
 
 
@@ -85,3 +85,11 @@ def test_write_in_flight_at_a_reset_never_becomes_readable(tmp_path):
     m.on_ssd_written({k: True for k in pending})
     assert not any(orch.readable(k) for k in pending)
     assert m.dram_slots_in_use() == 0
+
+
+def test_ssd_mirror_keeps_every_backup(tmp_path):
+    """`ssd_mirror`: the policy never gives up an SSD copy of what DRAM holds."""
+    store, _, _ = published(tmp_path)
+    assert manager(store, ssd_mirror=True).policy.ev.keep_backups
+    store2, _, _ = published(tmp_path / "b")
+    assert not manager(store2).policy.ev.keep_backups
