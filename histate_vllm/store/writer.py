@@ -1,6 +1,7 @@
 """StoreWriter: the background write queue in front of an SSDStore.
 
-The engine thread only enqueues; one daemon thread writes. `submit_*` takes a lock,
+The engine thread only enqueues; a daemon thread dispatches, and chunk writes run on
+`io_threads` threads at once. `submit_*` takes a lock,
 appends and returns (no I/O, no copy: the payload must already be a copy the caller
 owns and does not modify until its completion is reported). The writer thread spends
 its time in calls that release the GIL (hashing, write, fsync), so it does not stall
@@ -17,7 +18,12 @@ new one is accepted. A chunk submit of a key already queued with the same proven
 rides on the queued write.
 
 Order: first in, first out, so a checkpoint submitted after its chunks is published
-after they are written. A checkpoint referencing a chunk that this writer failed or
+after they are written. Chunk writes overlap (each is crash-safe on its own: temporary
+file, fsync, rename); a checkpoint, a task, or a second write of a key in flight waits
+until everything dispatched before it has finished. Completions are reported in
+submission order whatever order the writes finish in. Why parallel: one file at a time
+leaves the disk idle during each fsync and each file's Python work; see
+benchmarks/results_store.md. A checkpoint referencing a chunk that this writer failed or
 rejected is not published (it could splice another computation's bytes).
 
 Completions: `on_done(key, ok, reason)` is called on the writer thread if given;
@@ -34,6 +40,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from histate_vllm.store.errors import StoreError
@@ -67,6 +74,7 @@ class _Item:
         "payload",
         "position",
         "provenance",
+        "result",
         "waiters",
     )  # fmt: skip
 
@@ -81,6 +89,7 @@ class _Item:
         self.cancelled = False
         self.waiters = 1  # submits this write answers
         self.fn = None  # a task: called with the store
+        self.result: tuple[bool, str, int] | None = None  # set once written
 
 
 class StoreWriter:
@@ -91,6 +100,7 @@ class StoreWriter:
         max_pending_bytes: int,
         on_done: Callable[[bytes, bool, str], None] | None = None,
         name: str = "histate-store-writer",
+        io_threads: int = 4,
     ) -> None:
         self.store = store
         self.max_pending_bytes = max_pending_bytes
@@ -102,7 +112,14 @@ class StoreWriter:
         self._open_chunks: dict[bytes, _Item] = {}
         self._failed_chunks: OrderedDict[bytes, str] = OrderedDict()
         self._pending_bytes = 0
-        self._inflight: _Item | None = None
+        # Dispatched items in submission order, until their completion is reported.
+        self._running: deque[_Item] = deque()
+        self._emit_lock = threading.Lock()  # completions leave in submission order
+        self._io = (
+            ThreadPoolExecutor(io_threads, thread_name_prefix=f"{name}-io")
+            if io_threads > 1
+            else None
+        )
         self._finished: list[Completion] = []
         self._closed = False
         self.stats = dict.fromkeys(
@@ -190,7 +207,7 @@ class StoreWriter:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted so far is written; False on timeout."""
         with self._cv:
-            return self._cv.wait_for(lambda: not self._queue and self._inflight is None, timeout)
+            return self._cv.wait_for(lambda: not self._queue and not self._running, timeout)
 
     def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting; write what is queued (drain) or cancel it, then stop."""
@@ -213,6 +230,8 @@ class StoreWriter:
             self._cv.notify_all()
         self._emit(done)
         self._thread.join(timeout)
+        if self._io is not None:
+            self._io.shutdown(wait=not self._thread.is_alive())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -258,43 +277,81 @@ class StoreWriter:
                 while not self._queue and not self._closed:
                     self._cv.wait()
                 if not self._queue:
+                    if self._running:  # closing: let the writes in flight finish
+                        self._cv.wait_for(lambda: not self._running)
                     return
-                item = self._queue.popleft()
+                item = self._queue[0]
+                if not item.cancelled and self._must_wait(item):
+                    self._cv.wait_for(lambda: not self._running)
+                    continue  # the queue may have changed meanwhile: look again
+                self._queue.popleft()
                 if item.cancelled:
                     if not self._queue:
                         self._cv.notify_all()
                     continue
                 if self._queued_ckpt.get(item.key) is item:
                     del self._queued_ckpt[item.key]
-                self._inflight = item
+                self._running.append(item)
                 blocked = None
-                if item.kind == "checkpoint":
+                if item.kind == "checkpoint":  # every earlier chunk has finished
                     blocked = next((k for k in item.chunk_keys if k in self._failed_chunks), None)
                     if blocked is not None:
                         why = self._failed_chunks[blocked]
                         blocked = f"chunk {blocked.hex()[:16]}… not written ({why})"
+                store = self.store
             if item.kind == "task":
                 self._run_task(item)
-                continue
-            ok, reason, nbytes = self._execute(item, blocked)
+            elif item.kind == "chunk" and self._io is not None:
+                self._io.submit(self._write, store, item, None)
+            else:
+                self._write(store, item, blocked)
+
+    def _must_wait(self, item: _Item) -> bool:
+        """Whether `item` has to wait for everything dispatched before it."""
+        if not self._running:
+            return False
+        if item.kind != "chunk" or self._io is None:
+            return True
+        return any(it.key == item.key for it in self._running)
+
+    def _write(self, store: SSDStore, item: _Item, blocked: str | None) -> None:
+        ok, reason, nbytes = self._execute(store, item, blocked)
+        with self._cv:
+            self._pending_bytes -= item.nbytes
+            item.payload = None
+            if item.kind == "chunk":
+                if self._open_chunks.get(item.key) is item:
+                    del self._open_chunks[item.key]  # no more merging into it
+                if ok:
+                    self._failed_chunks.pop(item.key, None)
+                else:
+                    self._remember_failed(item.key, reason)
+            self.stats["written" if ok else "failed"] += 1
+            self.stats["bytes_written"] += nbytes
+            item.result = (ok, reason, nbytes)
+        self._report()
+
+    def _report(self) -> None:
+        """Report finished items at the head of `_running`, in submission order.
+
+        An item leaves `_running` only after its completion is out, so that after
+        flush() every completion is in drain_finished() or was passed to on_done."""
+        with self._emit_lock:
             with self._cv:
-                self._pending_bytes -= item.nbytes
-                item.payload = None
-                if item.kind == "chunk":
-                    if self._open_chunks.get(item.key) is item:
-                        del self._open_chunks[item.key]  # no more merging into it
-                    if ok:
-                        self._failed_chunks.pop(item.key, None)
-                    else:
-                        self._remember_failed(item.key, reason)
-                self.stats["written" if ok else "failed"] += 1
-                self.stats["bytes_written"] += nbytes
-                waiters = item.waiters
-            # Reported before the item stops being in flight, so that after flush()
-            # every completion is in drain_finished() or was passed to on_done.
-            self._emit([Completion(item.key, item.kind, ok, reason, nbytes)] * waiters)
+                items = []
+                for it in self._running:
+                    if it.result is None:
+                        break
+                    items.append(it)
+            done = []
+            for it in items:
+                if it.kind != "task":
+                    ok, reason, nbytes = it.result
+                    done += [Completion(it.key, it.kind, ok, reason, nbytes)] * it.waiters
+            self._emit(done)
             with self._cv:
-                self._inflight = None
+                for _ in items:
+                    self._running.popleft()
                 self._cv.notify_all()
 
     def _run_task(self, item: _Item) -> None:
@@ -304,19 +361,21 @@ class StoreWriter:
             logger.exception("store writer: %s failed; the store keeps working", item.provenance)
         with self._cv:
             item.fn = None
-            self._inflight = None
-            self._cv.notify_all()
+            item.result = (True, "", 0)
+        self._report()
 
-    def _execute(self, item: _Item, blocked: str | None) -> tuple[bool, str, int]:
+    def _execute(
+        self, store: SSDStore, item: _Item, blocked: str | None
+    ) -> tuple[bool, str, int]:
         if blocked is not None:
             return False, blocked, 0
         try:
             if item.kind == "chunk":
-                n = self.store.write_chunk(
+                n = store.write_chunk(
                     item.key, item.payload, provenance=item.provenance, on_conflict="replace"
                 )
             else:
-                n = self.store.publish_checkpoint(
+                n = store.publish_checkpoint(
                     item.key,
                     item.payload,
                     position=item.position,
