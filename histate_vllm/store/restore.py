@@ -7,6 +7,7 @@ A failure quarantines what it makes unusable and raises CorruptEntry.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections import deque
@@ -26,7 +27,8 @@ from histate_vllm.store.format import (
     decode_manifest,
 )
 from histate_vllm.store.layout import Layout
-from histate_vllm.store.reader import BadEntry, Expect, peek_header, read_into
+from histate_vllm.store.directio import DirectIOUnsupported, is_aligned
+from histate_vllm.store.reader import BadEntry, Expect, out_view, peek_header, read_into
 from histate_vllm.store.scan import read_small_file
 
 
@@ -47,23 +49,41 @@ class RestoreMixin:
     quarantine_keep: int
     _digest: str
     _lock: threading.Lock
+    _direct_reads: bool = True  # O_DIRECT restores until the file system refuses one
 
     def read_chunk(self, key: bytes, out) -> int:
         """Fill `out` with the chunk's payload, verified; return its size in bytes."""
         try:
-            fd = os.open(self.layout.chunk_path(key), os.O_RDONLY | os.O_CLOEXEC)
+            return self._read_payload(self.layout.chunk_path(key), key, Kind.CHUNK, out, None)
         except FileNotFoundError:
             raise MissingEntry(key, "chunk") from None
-        except OSError as e:
-            raise self._fail(classify(e, "read chunk")) from e
-        try:
-            return read_into(fd, key, Kind.CHUNK, self._digest, out)
         except BadEntry as e:
             raise self._corrupt_chunk(key, str(e)) from None
         except OSError as e:
             raise self._fail(classify(e, "read chunk")) from e
+
+    def _read_payload(self, path: str, key: bytes, kind: Kind, out, expect) -> int:
+        """`read_into` of the file at `path`, with O_DIRECT when `out` is page-aligned
+        (a pinned staging row, `aligned_buffer`) and the file system allows it."""
+        try:
+            direct = self._direct_reads and is_aligned(out_view(out))
+        except ValueError:
+            direct = False  # read_into says what is wrong with `out`, after the open
+        flags = os.O_RDONLY | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
+        except OSError as e:
+            if not direct or e.errno != errno.EINVAL:
+                raise
+            self._direct_reads, direct = False, False
+            fd = os.open(path, flags)
+        try:
+            return read_into(fd, key, kind, self._digest, out, expect, direct=direct)
+        except DirectIOUnsupported:
+            self._direct_reads = False
         finally:
             os.close(fd)
+        return self._read_payload(path, key, kind, out, expect)  # buffered, once
 
     def read_chunks(self, keys: Sequence[bytes], outs: Sequence, *, ahead: int = 4) -> list[int]:
         """`read_chunk` for each (key, out), `ahead` files read in parallel (see
@@ -141,23 +161,17 @@ class RestoreMixin:
             if verify_chunks:
                 self._verify_refs(key, m, prefetch_chunks)
             path = self.layout.state_path(key, m.state_file)
+            expect = Expect(m.state_nbytes, m.state_checksum, m.state_algo)
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                return self._read_payload(path, key, Kind.STATE, out, expect)
             except FileNotFoundError:
                 if attempt == 0:
                     continue  # replaced or deleted while we looked: look again
                 raise self._corrupt_checkpoint(key, "state file missing", False) from None
-            except OSError as e:
-                raise self._fail(classify(e, "read checkpoint")) from e
-            expect = Expect(m.state_nbytes, m.state_checksum, m.state_algo)
-            try:
-                return read_into(fd, key, Kind.STATE, self._digest, out, expect)
             except BadEntry as e:
                 raise self._corrupt_checkpoint(key, str(e), True) from None
             except OSError as e:
                 raise self._fail(classify(e, "read checkpoint")) from e
-            finally:
-                os.close(fd)
         raise AssertionError("unreachable")
 
     def load_manifest(self, key: bytes) -> Manifest:

@@ -54,13 +54,15 @@ class SSDStore(PublishMixin, RestoreMixin):
         `fsync=False` keeps crash safety against process crashes but not power loss.
         `direct_io` writes payloads with O_DIRECT (falls back to buffered by itself
         where the file system refuses it); payloads in page-aligned memory (pinned
-        host buffers, `aligned_buffer`) are then written without any copy.
+        host buffers, `aligned_buffer`) are then written without any copy, and reads
+        into page-aligned buffers bypass the page cache the same way.
         """
         self.root = os.fspath(root)
         self.identity = identity
         self.budget_bytes = budget_bytes
         self.fsync = fsync
         self.direct_io = direct_io
+        self._direct_reads = direct_io
         self.orphan_grace_s = orphan_grace_s
         self.quarantine_keep = quarantine_keep
         self.layout = Layout(self.root, identity.digest())
