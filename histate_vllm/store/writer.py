@@ -1,30 +1,32 @@
 """StoreWriter: the background write queue in front of an SSDStore.
 
-The engine thread only enqueues; a daemon thread dispatches, and chunk writes run on
-`io_threads` threads at once. `submit_*` takes a lock,
-appends and returns (no I/O, no copy: the payload must already be a copy the caller
-owns and does not modify until its completion is reported). The writer thread spends
-its time in calls that release the GIL (hashing, write, fsync), so it does not stall
+The engine thread only enqueues; a daemon thread dispatches in order, chunk writes run
+on `io_threads` threads at once and checkpoints on a publisher thread. `submit_*` takes a
+lock, appends and returns (no I/O, no copy: the payload must already be a copy the caller
+owns and does not modify until its completion is reported). The writer threads spend
+their time in calls that release the GIL (hashing, write, fsync), so they do not stall
 the engine thread.
 
 Bound and drop policy: at most `max_pending_bytes` of payload is held (queued plus
-the one being written). A submit that does not fit is rejected, newest first: it
+those being written). A submit that does not fit is rejected, newest first: it
 returns False and reports `ok=False, reason="queue full"`; what is already queued is
 kept. An item larger than the whole bound is accepted only when the queue is empty.
 
-Merging: a checkpoint submit cancels a queued, not yet started checkpoint of the same
-key and of every key in `supersedes` (reported `reason="superseded"`), but only if the
-new one is accepted. A chunk submit of a key already queued with the same provenance
-rides on the queued write.
+Merging: a checkpoint submit cancels a queued, not yet started checkpoint (one still
+waiting for what was submitted before it) of the same key and of every key in
+`supersedes` (reported `reason="superseded"`), but only if the new one is accepted. A
+chunk submit of a key already queued with the same provenance rides on the queued write.
 
 Order: first in, first out, so a checkpoint submitted after its chunks is published
 after they are written. Chunk writes overlap (each is crash-safe on its own: temporary
-file, fsync, rename); a checkpoint, a task, or a second write of a key in flight waits
-until everything dispatched before it has finished. Completions are reported in
-submission order whatever order the writes finish in. Why parallel: one file at a time
-leaves the disk idle during each fsync and each file's Python work; see
-benchmarks/results_store.md. A checkpoint referencing a chunk that this writer failed or
-rejected is not published (it could splice another computation's bytes).
+file, fsync, rename). A checkpoint waits on the publisher thread until everything
+submitted before it has finished, while later chunks go on; a task waits for everything
+before it, and so does a chunk write of a key in flight or named by a checkpoint in
+flight. Completions are reported in submission order whatever order the writes finish
+in. Why parallel: one file at a time leaves the disk idle during each fsync and each
+file's Python work (benchmarks/results_store.md). A checkpoint referencing a chunk that
+this writer failed or rejected is not published (it could splice another computation's
+bytes).
 
 Completions: `on_done(key, ok, reason)` is called on the writer thread if given;
 otherwise `Completion`s accumulate until `drain_finished()` (poll it every step).
@@ -118,6 +120,12 @@ class StoreWriter:
         self._io = (
             ThreadPoolExecutor(io_threads, thread_name_prefix=f"{name}-io")
             if io_threads > 1
+            else None
+        )
+        # Checkpoints wait for their chunks here, so later chunks need not wait for them.
+        self._publisher = (
+            ThreadPoolExecutor(1, thread_name_prefix=f"{name}-publish")
+            if self._io is not None
             else None
         )
         self._finished: list[Completion] = []
@@ -230,8 +238,9 @@ class StoreWriter:
             self._cv.notify_all()
         self._emit(done)
         self._thread.join(timeout)
-        if self._io is not None:
-            self._io.shutdown(wait=not self._thread.is_alive())
+        for pool in (self._io, self._publisher):
+            if pool is not None:
+                pool.shutdown(wait=not self._thread.is_alive())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -289,30 +298,53 @@ class StoreWriter:
                     if not self._queue:
                         self._cv.notify_all()
                     continue
-                if self._queued_ckpt.get(item.key) is item:
-                    del self._queued_ckpt[item.key]
+                # Everything before it that has not finished (a checkpoint waits for it).
+                before = [it for it in self._running if it.result is None]
                 self._running.append(item)
-                blocked = None
-                if item.kind == "checkpoint":  # every earlier chunk has finished
-                    blocked = next((k for k in item.chunk_keys if k in self._failed_chunks), None)
-                    if blocked is not None:
-                        why = self._failed_chunks[blocked]
-                        blocked = f"chunk {blocked.hex()[:16]}… not written ({why})"
                 store = self.store
             if item.kind == "task":
                 self._run_task(item)
             elif item.kind == "chunk" and self._io is not None:
                 self._io.submit(self._write, store, item, None)
+            elif item.kind == "checkpoint" and self._publisher is not None:
+                self._publisher.submit(self._publish, store, item, before)
             else:
-                self._write(store, item, blocked)
+                self._publish(store, item, before)
 
     def _must_wait(self, item: _Item) -> bool:
-        """Whether `item` has to wait for everything dispatched before it."""
+        """Whether `item` has to wait, on this thread, for everything dispatched before it.
+
+        With I/O threads, a chunk waits only for a write of its key or a checkpoint naming
+        it; a checkpoint waits on the publisher thread instead (see `_publish`)."""
         if not self._running:
             return False
-        if item.kind != "chunk" or self._io is None:
+        if item.kind == "task" or self._io is None:
             return True
-        return any(it.key == item.key for it in self._running)
+        if item.kind == "checkpoint":
+            return False
+        return any(
+            it.key == item.key or (it.kind == "checkpoint" and item.key in it.chunk_keys)
+            for it in self._running
+        )
+
+    def _publish(self, store: SSDStore, item: _Item, before: list[_Item]) -> None:
+        """Publish a checkpoint once everything submitted before it has finished. Until
+        then it can still be superseded: it stays in `_queued_ckpt`."""
+        with self._cv:
+            self._cv.wait_for(lambda: all(it.result is not None for it in before))
+            if self._queued_ckpt.get(item.key) is item:
+                del self._queued_ckpt[item.key]
+            cancelled = item.cancelled  # superseded meanwhile, and reported so
+            if cancelled:
+                item.result = (False, "superseded", 0)
+            blocked = next((k for k in item.chunk_keys if k in self._failed_chunks), None)
+            if blocked is not None:
+                why = self._failed_chunks[blocked]
+                blocked = f"chunk {blocked.hex()[:16]}… not written ({why})"
+        if cancelled:
+            self._report()
+        else:
+            self._write(store, item, blocked)
 
     def _write(self, store: SSDStore, item: _Item, blocked: str | None) -> None:
         ok, reason, nbytes = self._execute(store, item, blocked)
@@ -345,7 +377,7 @@ class StoreWriter:
                     items.append(it)
             done = []
             for it in items:
-                if it.kind != "task":
+                if it.kind != "task" and not it.cancelled:
                     ok, reason, nbytes = it.result
                     done += [Completion(it.key, it.kind, ok, reason, nbytes)] * it.waiters
             self._emit(done)

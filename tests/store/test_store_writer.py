@@ -199,15 +199,17 @@ def test_chunk_writes_overlap_yet_report_and_publish_in_order(tmp_path):
     w.submit_chunk(C1, make_payload(100, 1), provenance="p")
     w.submit_checkpoint(A, make_payload(50, "A"), position=1056, chunk_keys=[C0, C1],
                         provenance="p")
+    w.submit_chunk(C2, make_payload(100, 2), provenance="p")  # after the checkpoint
     deadline = time.monotonic() + 10
-    while not store.has_chunk(C1) and time.monotonic() < deadline:
+    while not store.has_chunk(C2) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert store.has_chunk(C1)  # written while C0 is still in flight
-    # C1's completion waits for C0's, and the checkpoint for both chunks.
+    # Written while C0 is still in flight, C2 without waiting for the checkpoint.
+    assert store.has_chunk(C1) and store.has_chunk(C2)
+    # Completions wait for C0's, and the checkpoint for both of its chunks.
     assert outcomes(w) == [] and not store.published.is_set()
     store.gate.set()
     assert w.flush(timeout=10)
-    assert outcomes(w) == [(C0, True, ""), (C1, True, ""), (A, True, "")]
+    assert outcomes(w) == [(C0, True, ""), (C1, True, ""), (A, True, ""), (C2, True, "")]
     assert store.has_checkpoint(A)
     w.close()
 
