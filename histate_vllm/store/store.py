@@ -70,6 +70,10 @@ class SSDStore(PublishMixin, RestoreMixin):
         self._digest = self.layout.digest
         self._known_dirs: set[str] = set()
         self._lock = threading.Lock()
+        self._dir_gen: dict[str, int] = {}
+        self._dir_synced: dict[str, int] = {}
+        self._dir_sync_lock = threading.Lock()
+        self._dir_syncer = None
         self._unavailable: str | None = None
         try:
             os.makedirs(self.root, exist_ok=True)
