@@ -1,8 +1,9 @@
 """Host rows the GPU copies from and to: the DRAM slot pool and the SSD staging ring.
 
-Rows are page-aligned anonymous memory (`aligned_buffer`): pages cost nothing until first
-written, the store writes them to disk with O_DIRECT without a copy, and the allocation is
-exactly the bytes asked for (torch's pinned allocator rounds up to a power of two). For a
+Rows are page-aligned anonymous memory (`aligned_buffer`), each starting on a 4 KiB page
+(padded to whole pages): pages cost nothing until first written, the store writes and
+reads every row with O_DIRECT without a copy, and the allocation is the rows asked for
+(torch's pinned allocator rounds up to a power of two). For a
 GPU they are then registered with the driver (pinned) in chunks of at most 64 GiB, as vLLM
 registers its own offload region: a DMA engine reads and writes them directly, with no
 pageable bounce. Registration that fails leaves them pageable: copies still work, slower.
@@ -17,17 +18,21 @@ from histate_vllm.store import aligned_buffer
 
 # vLLM's bound (`MAX_HOST_REGISTER_CHUNK_BYTES`): drivers refuse larger single ranges.
 MAX_REGISTER_BYTES = 64 << 30
+_PAGE = 4096
 
 
 class HostRows:
     def __init__(self, num_rows: int, row_bytes: int, *, pin: bool):
-        self.array = aligned_buffer(num_rows * row_bytes).view(np.int8).reshape(num_rows, row_bytes)
+        stride = -(-row_bytes // _PAGE) * _PAGE
+        whole = aligned_buffer(num_rows * stride).view(np.int8).reshape(num_rows, stride)
+        self.array = whole[:, :row_bytes]
         self.tensor = torch.from_numpy(self.array)
+        self._whole = whole
         self._registered: list[int] = []
         # Per row, the end event of the last copy out of it (an SSD staging ring's use).
         self.filled: list = [None] * num_rows
         if pin and num_rows:
-            self._register(row_bytes)
+            self._register(stride)
 
     @property
     def pinned(self) -> bool:
@@ -37,7 +42,7 @@ class HostRows:
         from vllm.logger import init_logger
         from vllm.v1.kv_offload.cpu.host_register import host_register, host_unregister
 
-        base, total = self.tensor.data_ptr(), self.tensor.numel()
+        base, total = self._whole.ctypes.data, self._whole.nbytes
         # Chunks end on row boundaries: no single row's copy straddles two registrations.
         step = max(MAX_REGISTER_BYTES // row_bytes, 1) * row_bytes
         for offset in range(0, total, step):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent / "store"))
 from store_helpers import IDENTITY, make_key, make_payload  # noqa: E402
 
@@ -85,3 +87,15 @@ def test_write_in_flight_at_a_reset_never_becomes_readable(tmp_path):
     m.on_ssd_written({k: True for k in pending})
     assert not any(orch.readable(k) for k in pending)
     assert m.dram_slots_in_use() == 0
+
+
+def test_dram_bytes_is_the_total_across_ranks():
+    from histate_vllm.layout import dram_slots
+
+    assert dram_slots(16 * KEY, KEY, 1) == 16 and dram_slots(16 * KEY, KEY, 4) == 4
+    cfg = HiStateConfig(dram_bytes=16 * KEY)
+    m = HiStateManager(LAYOUT, cfg, tokens_per_hash=BT, max_model_len=8192, ranks=4)
+    assert m.num_slots == 4  # what each of the 4 workers pins, as many slots
+    with pytest.raises(ValueError, match="total across them"):
+        HiStateManager(LAYOUT, HiStateConfig(dram_bytes=2 * KEY), tokens_per_hash=BT,
+                       max_model_len=8192, ranks=4)
