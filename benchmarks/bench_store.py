@@ -2,7 +2,9 @@
 
 Writes and restores the KV chunk files of one long context plus a few recurrent-state
 checkpoints (64 MiB each, as for Qwen3-Next), through the store (checksums, fsync of
-files and directories, manifests) and through its background writer, and prints the
+files and directories, manifests) and through its background writer (`--io-threads`
+chunk writes at once), restores with `--read-ahead` verified reads in flight into a ring
+of page-aligned buffers (O_DIRECT, as the worker's pinned staging rows), and prints the
 throughput next to raw sequential bandwidth measured in the same run, on the same
 file system: O_DIRECT writes and reads, fsync'd buffered writes (like `dd conv=fsync`)
 and cold buffered reads; the faster of each pair is the reference for the ratio. The
@@ -12,6 +14,8 @@ Restores read from disk, not the page cache: every file is fsynced and then drop
 from the cache (posix_fadvise DONTNEED) before it is read back.
 
     python benchmarks/bench_store.py [--dir DIR] [--context-tokens 32768] [--rounds 3]
+
+Results and how they were measured: benchmarks/results_store.md.
 """
 
 from __future__ import annotations

@@ -107,8 +107,8 @@ class HiStateWorker(OffloadingWorker):
         # GPU can run while the next reads fill the others. A new ring with each new
         # reader: a hung read may still write the old one.
         self._staging: HostRows | None = None
-        # Copies queued on a stream: job id -> (end event, bytes, submit time).
-        self._copies: dict[int, tuple[Event, int, float]] = {}
+        # Copies queued on a stream: job id -> (end event, bytes, submit time, seconds).
+        self._copies: dict[int, tuple[Event, int, float, float | None]] = {}
         # The last store into each slot, until an SSD write of it has checked it fired.
         self._slot_filled: dict[int, Event] = {}
         self._ssd_queue: deque[SSDWrite | SSDDelete | SSDReset] = deque()
@@ -140,7 +140,7 @@ class HiStateWorker(OffloadingWorker):
         batch = self.copier.batch(self._parts(src_spec, dst_spec.slots), self.dram, to_host=True)
         stream = self._store_stream
         event = stream.launch(batch, after=stream.mark_compute())
-        self._copies[job_id] = (event, batch.nbytes, t0)
+        self._copies[job_id] = _copy(event, batch.nbytes, t0)
         for slot in dst_spec.slots:
             self._slot_filled[slot] = event
         return True
@@ -153,7 +153,7 @@ class HiStateWorker(OffloadingWorker):
             t0 = time.perf_counter()
             batch = self.copier.batch(self._parts(dst_spec, src_spec.slots), self.dram,
                                       to_host=False)
-            self._copies[job_id] = (stream.launch(batch, after=after), batch.nbytes, t0)
+            self._copies[job_id] = _copy(stream.launch(batch, after=after), batch.nbytes, t0)
             return True
         if self._staging is None:
             self._staging = HostRows(2 * self.read_ahead, self.key_bytes, pin=self._pin)
@@ -281,11 +281,10 @@ class HiStateWorker(OffloadingWorker):
     def get_finished(self) -> list[TransferResult]:
         done, self._finished = self._finished, []
         now = time.perf_counter()
-        for job_id, (event, nbytes, t0) in list(self._copies.items()):
+        for job_id, (event, nbytes, t0, took) in list(self._copies.items()):
             if event.query():
                 del self._copies[job_id]
-                # Submit to observed completion: an upper bound on the copy's own time.
-                done.append(TransferResult(job_id, True, nbytes, now - t0))
+                done.append(TransferResult(job_id, True, nbytes, took or now - t0))
         for job_id, job in list(self._loads.items()):
             result = self._ssd_result(job_id, job)
             if result is not None:
@@ -334,7 +333,7 @@ class HiStateWorker(OffloadingWorker):
                 job.last.synchronize()
 
     def shutdown(self) -> None:
-        for event, _, _ in self._copies.values():
+        for event, *_ in self._copies.values():
             event.synchronize()
         for job in self._loads.values():
             job.cancel()
@@ -348,6 +347,14 @@ class HiStateWorker(OffloadingWorker):
             self.writer.close(drain=True, timeout=60)
         if not self._loads:  # else a hung read's copies might still target it
             self._pool.close()
+
+
+def _copy(event: Event, nbytes: int, t0: float) -> tuple[Event, int, float, float | None]:
+    """A queued copy's record. Its time, for vLLM's transfer metrics: the copy's own where
+    it ran synchronously (a CPU); else from submit to when a poll sees it done, an upper
+    bound (it includes waiting for the compute stream)."""
+    took = time.perf_counter() - t0 if event.query() else None
+    return event, nbytes, t0, took
 
 
 class _SSDLoad:
