@@ -69,6 +69,7 @@ class _Item:
     __slots__ = (
         "cancelled",
         "chunk_keys",
+        "finished",
         "fn",
         "key",
         "kind",
@@ -92,6 +93,7 @@ class _Item:
         self.waiters = 1  # submits this write answers
         self.fn = None  # a task: called with the store
         self.result: tuple[bool, str, int] | None = None  # set once written
+        self.finished = threading.Event()  # set with `result`: what a checkpoint waits on
 
 
 class StoreWriter:
@@ -107,7 +109,11 @@ class StoreWriter:
         self.store = store
         self.max_pending_bytes = max_pending_bytes
         self.on_done = on_done
-        self._cv = threading.Condition()
+        lock = threading.Lock()
+        # Two conditions on one lock, so that a submit wakes only the dispatcher: waking
+        # every writer thread on each submit doubled the engine thread's enqueue latency.
+        self._cv = threading.Condition(lock)  # the queue: new items, closing
+        self._done = threading.Condition(lock)  # items finishing
         self._queue: deque[_Item] = deque()
         self._queued_ckpt: dict[bytes, _Item] = {}
         # Chunk writes queued or in flight, by key.
@@ -215,7 +221,7 @@ class StoreWriter:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted so far is written; False on timeout."""
         with self._cv:
-            return self._cv.wait_for(lambda: not self._queue and not self._running, timeout)
+            return self._done.wait_for(lambda: not self._queue and not self._running, timeout)
 
     def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting; write what is queued (drain) or cancel it, then stop."""
@@ -236,6 +242,7 @@ class StoreWriter:
                     done += [Completion(it.key, it.kind, False, "writer closed", 0)] * it.waiters
                 self._queued_ckpt.clear()
             self._cv.notify_all()
+            self._done.notify_all()
         self._emit(done)
         self._thread.join(timeout)
         for pool in (self._io, self._publisher):
@@ -257,7 +264,7 @@ class StoreWriter:
     def _enqueue_locked(self, item: _Item) -> None:
         self._queue.append(item)
         self._pending_bytes += item.nbytes
-        self._cv.notify_all()
+        self._cv.notify()  # the dispatcher is the only waiter
 
     def _remember_failed(self, key: bytes, reason: str) -> None:
         self._failed_chunks[key] = reason
@@ -287,16 +294,16 @@ class StoreWriter:
                     self._cv.wait()
                 if not self._queue:
                     if self._running:  # closing: let the writes in flight finish
-                        self._cv.wait_for(lambda: not self._running)
+                        self._done.wait_for(lambda: not self._running)
                     return
                 item = self._queue[0]
                 if not item.cancelled and self._must_wait(item):
-                    self._cv.wait_for(lambda: not self._running)
+                    self._done.wait_for(lambda: not self._running)
                     continue  # the queue may have changed meanwhile: look again
                 self._queue.popleft()
                 if item.cancelled:
                     if not self._queue:
-                        self._cv.notify_all()
+                        self._done.notify_all()  # flush() may be waiting for this
                     continue
                 # Everything before it that has not finished (a checkpoint waits for it).
                 before = [it for it in self._running if it.result is None]
@@ -330,13 +337,15 @@ class StoreWriter:
     def _publish(self, store: SSDStore, item: _Item, before: list[_Item]) -> None:
         """Publish a checkpoint once everything submitted before it has finished. Until
         then it can still be superseded: it stays in `_queued_ckpt`."""
+        for it in before:  # woken by these items only, not by every write that finishes
+            it.finished.wait()
         with self._cv:
-            self._cv.wait_for(lambda: all(it.result is not None for it in before))
             if self._queued_ckpt.get(item.key) is item:
                 del self._queued_ckpt[item.key]
             cancelled = item.cancelled  # superseded meanwhile, and reported so
             if cancelled:
                 item.result = (False, "superseded", 0)
+                item.finished.set()
             blocked = next((k for k in item.chunk_keys if k in self._failed_chunks), None)
             if blocked is not None:
                 why = self._failed_chunks[blocked]
@@ -361,6 +370,7 @@ class StoreWriter:
             self.stats["written" if ok else "failed"] += 1
             self.stats["bytes_written"] += nbytes
             item.result = (ok, reason, nbytes)
+            item.finished.set()
         self._report()
 
     def _report(self) -> None:
@@ -384,7 +394,7 @@ class StoreWriter:
             with self._cv:
                 for _ in items:
                     self._running.popleft()
-                self._cv.notify_all()
+                self._done.notify_all()
 
     def _run_task(self, item: _Item) -> None:
         try:
@@ -394,6 +404,7 @@ class StoreWriter:
         with self._cv:
             item.fn = None
             item.result = (True, "", 0)
+            item.finished.set()
         self._report()
 
     def _execute(
