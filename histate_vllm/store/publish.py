@@ -194,9 +194,11 @@ class PublishMixin:
                 self._dir_synced.update(todo)
 
     def _dir_pool(self) -> ThreadPoolExecutor:
-        if self._dir_syncer is None:
-            self._dir_syncer = ThreadPoolExecutor(8, thread_name_prefix="histate-dir-sync")
-        return self._dir_syncer
+        """Threads for a publish's many small waits: chunk header reads, directory fsyncs."""
+        with self._lock:
+            if self._dir_syncer is None:
+                self._dir_syncer = ThreadPoolExecutor(8, thread_name_prefix="histate-publish")
+            return self._dir_syncer
 
     def _chunk_ref(self, ck: bytes, owner: bytes) -> ChunkRef:
         path = self.layout.chunk_path(ck)
@@ -237,7 +239,10 @@ class PublishMixin:
         if position < 0:
             raise ValueError(f"position must be >= 0, got {position}")
         mv = payload_view(payload)
-        refs = tuple(self._chunk_ref(ck, key) for ck in chunk_keys)
+        if len(chunk_keys) > 8:  # cold header reads: many at once keep the disk busy
+            refs = tuple(self._dir_pool().map(lambda ck: self._chunk_ref(ck, key), chunk_keys))
+        else:
+            refs = tuple(self._chunk_ref(ck, key) for ck in chunk_keys)
         csum = checksum(self.algo, mv)
         old = self._manifest_or_none(key)
         layout = self.layout
