@@ -111,7 +111,8 @@ class StoreWriter:
         self.on_done = on_done
         lock = threading.Lock()
         # Two conditions on one lock, so that a submit wakes only the dispatcher: waking
-        # every writer thread on each submit doubled the engine thread's enqueue latency.
+        # every writer thread on each submit has them all contend for the GIL with the
+        # engine thread.
         self._cv = threading.Condition(lock)  # the queue: new items, closing
         self._done = threading.Condition(lock)  # items finishing
         self._queue: deque[_Item] = deque()
