@@ -2,7 +2,9 @@
 
 Writes and restores the KV chunk files of one long context plus a few recurrent-state
 checkpoints (64 MiB each, as for Qwen3-Next), through the store (checksums, fsync of
-files and directories, manifests) and through its background writer, and prints the
+files and directories, manifests) and through its background writer (`--io-threads`
+chunk writes at once), restores with `--read-ahead` verified reads in flight into a ring
+of page-aligned buffers (O_DIRECT, as the worker's pinned staging rows), and prints the
 throughput next to raw sequential bandwidth measured in the same run, on the same
 file system: O_DIRECT writes and reads, fsync'd buffered writes (like `dd conv=fsync`)
 and cold buffered reads; the faster of each pair is the reference for the ratio. The
@@ -12,6 +14,8 @@ Restores read from disk, not the page cache: every file is fsynced and then drop
 from the cache (posix_fadvise DONTNEED) before it is read back.
 
     python benchmarks/bench_store.py [--dir DIR] [--context-tokens 32768] [--rounds 3]
+
+Results and how they were measured: benchmarks/results_store.md.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from histate_vllm.store import (
+    Read,
     SSDStore,
     StoreIdentity,
     StoreWriter,
@@ -137,6 +142,8 @@ def main() -> None:
         help="payloads in ordinary (not page-aligned) memory: copied to staging",
     )
     p.add_argument("--buffered", action="store_true", help="store writes without O_DIRECT")
+    p.add_argument("--read-ahead", type=int, default=4, help="restore reads in flight")
+    p.add_argument("--io-threads", type=int, default=4, help="StoreWriter write threads")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="bench_store-", dir=args.dir)
     try:
@@ -185,7 +192,9 @@ class Workload:
 
     def write(self, store: SSDStore) -> tuple[float, list[float]]:
         """Offload through the StoreWriter as an engine would; (bytes/s, latencies)."""
-        writer = StoreWriter(store, max_pending_bytes=2 * self.total)
+        writer = StoreWriter(
+            store, max_pending_bytes=2 * self.total, io_threads=self.args.io_threads
+        )
         lat, written = [], 0
         t = time.perf_counter()
         for i, state in enumerate(self.states):
@@ -208,22 +217,27 @@ class Workload:
         return rate, lat
 
     def restore(self, store: SSDStore) -> tuple[float, float, float]:
-        """Cold restores: (bytes/s over everything, s for the deepest context, scan s)."""
+        """Cold restores: (bytes/s over everything, s for the deepest context, scan s).
+
+        As the worker restores: `read_many`, `--read-ahead` files in flight, each into
+        its own buffer of a ring (the deepest state and its chunks, then the others)."""
         t = time.perf_counter()
         index = store.scan()
         scan_s = time.perf_counter() - t
         drop_tree(store.layout.dir)
-        state_out = np.empty(self.state_bytes, np.uint8)
-        chunk_out = np.empty(self.chunk_bytes, np.uint8)
+        ahead = self.args.read_ahead
+        ring = [aligned_buffer(max(self.state_bytes, self.chunk_bytes)) for _ in range(ahead)]
         deepest = key(f"s{self.args.states - 1}", 1)
         chunk_keys = index.checkpoints[deepest].chunk_keys
+        context = [(deepest, True)] + [(k, False) for k in chunk_keys]
+        others = [(key(f"s{i}", 1), True) for i in range(self.args.states - 1)]
         t = time.perf_counter()
-        store.prefetch(chunk_keys[:1])  # the first chunk, while the state is read
-        store.read_checkpoint(deepest, state_out)
-        store.read_chunks(chunk_keys, [chunk_out] * len(chunk_keys))
-        context_s = time.perf_counter() - t
-        for i in range(self.args.states - 1):
-            store.read_checkpoint(key(f"s{i}", 1), state_out)
+        context_s = 0.0
+        for part in (context, others):
+            reads = [Read(k, is_state, ring[i % ahead]) for i, (k, is_state) in enumerate(part)]
+            for _ in store.read_many(reads, ahead=ahead):
+                pass
+            context_s = context_s or time.perf_counter() - t
         return self.total / (time.perf_counter() - t), context_s, scan_s
 
 
@@ -235,7 +249,8 @@ def run(args, work: str) -> None:
         f"{w.chunk_bytes / MiB:.1f} MiB + {args.states} states x {args.state_mib} MiB "
         f"= {w.total / MiB:.0f} MiB per round, {args.rounds} rounds; payloads "
         f"{'unaligned' if args.unaligned else 'page-aligned'}, "
-        f"{'buffered' if args.buffered else 'O_DIRECT'} writes"
+        f"{'buffered' if args.buffered else 'O_DIRECT'} writes on {args.io_threads} "
+        f"threads, {args.read_ahead} reads in flight"
     )
     rows: dict[str, list[float]] = {}
     lat: list[float] = []

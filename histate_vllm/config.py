@@ -20,7 +20,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class HiStateConfig:
-    # Host memory for KV chunks and recurrent states (bytes).
+    # Host memory for KV chunks and recurrent states (bytes), in total across the
+    # engine's workers (each tensor-parallel rank pins its share).
     dram_bytes: int
     # Directory of the SSD checkpoint store; None disables the SSD tier.
     ssd_dir: str | None = None

@@ -55,3 +55,10 @@ def _group_bytes_per_block(group) -> int:
     if isinstance(spec, UniformTypeKVCacheSpecs):
         return spec.page_size_bytes
     return spec.page_size_bytes * len(group.layer_names)
+
+
+def dram_slots(dram_bytes: int, key_bytes: int, ranks: int) -> int:
+    """DRAM slots per worker. `dram_bytes` is the engine's total: every worker (tensor
+    parallel rank) pins a pool of this many slots, each holding its shard of a key, so
+    TP=4 with dram_bytes=64 GiB pins 16 GiB per rank, as vLLM's cpu_bytes_to_use does."""
+    return dram_bytes // (key_bytes * ranks)

@@ -26,7 +26,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from histate_vllm.config import HiStateConfig
-from histate_vllm.layout import CacheLayout
+from histate_vllm.layout import CacheLayout, dram_slots
 from histate_vllm.observer import Observer
 from histate_vllm.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.policy import Tier, make_policy
@@ -47,21 +47,24 @@ class HiStateManager(OffloadingManager):
         step_tokens: int | None = None,
         store_index=None,
         store_lock=None,
+        ranks: int = 1,
     ):
         """step_tokens: most tokens one engine step prefills (vLLM's max_num_batched_tokens);
         the policy keeps that many blocks of DRAM free for copies moving to SSD.
         store_index: what `store.startup.open_for_engine` found (scanned here if None);
-        store_lock: its lock, held as long as this manager lives."""
+        store_lock: its lock, held as long as this manager lives.
+        ranks: workers sharing config.dram_bytes (see layout.dram_slots)."""
         self.layout = layout
         self.config = config
         self.store = store
         self.tokens_per_hash = tokens_per_hash
         self.hashes_per_block = layout.block_tokens // tokens_per_hash
-        self.num_slots = config.dram_bytes // layout.key_bytes
+        self.num_slots = dram_slots(config.dram_bytes, layout.key_bytes, ranks)
         if self.num_slots == 0:
             raise ValueError(
                 f"HiStateConnector: dram_bytes={config.dram_bytes} holds no block; one "
-                f"block of this model takes {layout.key_bytes} bytes"
+                f"block of this model takes {layout.key_bytes} bytes on each of {ranks} "
+                f"worker(s), and dram_bytes is the total across them"
             )
         pool_bytes = self.num_slots * layout.key_bytes
         headroom = 0

@@ -8,7 +8,7 @@ from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingSpec
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 from histate_vllm.config import HiStateConfig
-from histate_vllm.layout import CacheLayout
+from histate_vllm.layout import CacheLayout, dram_slots
 from histate_vllm.store import SSDStore, StoreIdentity
 from histate_vllm.store.startup import open_for_engine
 
@@ -45,6 +45,11 @@ class HiStateSpec(OffloadingSpec):
         from histate_vllm.metrics import definitions
 
         return definitions()
+
+    @property
+    def ranks(self) -> int:
+        """Workers of this engine, each with its own DRAM pool (tensor x pipeline x ...)."""
+        return max(self.config.parallel.world_size, 1)
 
     def open_store(self) -> SSDStore | None:
         """The worker's store: this rank's shard (the identity names the rank)."""
@@ -95,6 +100,7 @@ class HiStateSpec(OffloadingSpec):
                 store_lock=lock,
                 enable_events=self.kv_events_config.enable_kv_cache_events,
                 step_tokens=self.step_tokens,
+                ranks=self.ranks,
             )
         return self._manager
 
@@ -105,7 +111,7 @@ class HiStateSpec(OffloadingSpec):
             self._worker = HiStateWorker(
                 kv_caches,
                 key_bytes=self.layout.key_bytes,
-                num_slots=self.histate.dram_bytes // self.layout.key_bytes,
+                num_slots=dram_slots(self.histate.dram_bytes, self.layout.key_bytes, self.ranks),
                 store=self.open_store(),
                 ssd_queue_bytes=self.histate.ssd_queue_bytes,
                 ssd_read_timeout_s=self.histate.ssd_read_timeout_s,

@@ -3,14 +3,25 @@
 Runs in the worker process. One offload key is one block of one KV cache group: its page in
 every layer of the group, laid end to end in one DRAM slot (and in one SSD file).
 
-- Stores (GPU -> DRAM) copy at submit time: the pages may be reused right after the step.
-- SSD writes read the DRAM slot from the store's background writer thread; the scheduler
-  keeps the slot pinned until the write is reported.
-- Loads that touch SSD run on a reader thread, one key at a time through a staging buffer,
-  each verified before it is copied; a corrupt or missing file fails the job, and vLLM
-  recomputes the request instead of running it on a partial restore. A read that hangs
-  past `ssd_read_timeout_s` fails its job the same way: the job is cancelled (it copies
-  nothing more), and later reads go to a fresh thread and buffer.
+Nothing here blocks the model step, and nothing is reported done before its bytes are in
+place (see `streams`):
+- Stores (GPU -> DRAM) and loads from DRAM are one batched copy per job (`copier`) between
+  vLLM's pages and the pinned slot pool, on a transfer stream ordered after the compute
+  stream's work so far. `get_finished` reports a job once its end event has fired; `wait`
+  blocks on that event (vLLM calls it before reusing a job's blocks).
+- SSD writes read a DRAM slot on the store's writer threads. One whose slot is still being
+  filled by a store job is held back (with everything after it, so the order of writes,
+  deletes and resets is kept) until that job's event fires; the scheduler keeps the slot
+  pinned until the write is reported.
+- Loads that touch SSD run on a reader thread: keys already in DRAM are copied in one
+  batch, the others read `read_ahead` files in parallel into a pinned staging ring
+  (`SSDStore.read_many`), each verified, then copied to its block while the next files
+  are read. A corrupt or missing file fails the job, and vLLM recomputes the request
+  instead of running it on a partial restore. A failed job is reported only after the
+  copies it had queued have finished (vLLM zeroes and reuses those blocks next).
+- A read that hangs past `ssd_read_timeout_s` fails its job the same way: the job is
+  cancelled (it queues nothing more, and its queued copies are waited for), and later
+  reads go to fresh threads and a fresh staging ring.
 - Deletes and resets from the scheduler run on the store's writer thread, in order with
   the writes: every rank applies them to its own shard.
 """
@@ -19,10 +30,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-import numpy as np
 import torch
 from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import (
@@ -32,16 +43,19 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
+from histate_vllm.copier import PageCopier
+from histate_vllm.hostmem import HostRows
 from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec, SSDDelete, SSDReset, SSDWrite
 from histate_vllm.store import reset as store_reset
 from histate_vllm.store import (
     CorruptEntry,
     MissingEntry,
+    Read,
     SSDStore,
     StoreError,
     StoreWriter,
-    aligned_buffer,
 )
+from histate_vllm.streams import Event, TransferStream, transfer_stream
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
@@ -55,7 +69,13 @@ class HiStateWorker(OffloadingWorker):
         store: SSDStore | None,
         ssd_queue_bytes: int,
         ssd_read_timeout_s: float = 60.0,
+        *,
+        read_ahead: int = 4,
+        streams: tuple[TransferStream, TransferStream] | None = None,
+        copier: PageCopier | None = None,
     ):
+        """streams: (store stream, load stream); by default device streams on a GPU and
+        synchronous ones on a CPU. Tests pass fakes for both streams and copier."""
         # Per offloaded group: (page tensor [num_blocks, page_bytes] int8, bytes, offset in key).
         self._groups: list[list[tuple[torch.Tensor, int, int]]] = []
         for refs in kv_caches.group_data_refs:
@@ -67,144 +87,175 @@ class HiStateWorker(OffloadingWorker):
             assert offset <= key_bytes, f"group needs {offset} bytes per key, slot has {key_bytes}"
             self._groups.append(views)
         device = kv_caches.tensors[0].tensor.device if kv_caches.tensors else torch.device("cpu")
-        # Pages of the pool cost nothing until first written. Page-aligned rows (on CPU)
-        # let the store write them with O_DIRECT, without a staging copy.
-        if device.type == "cuda":
-            self.dram = torch.empty((num_slots, key_bytes), dtype=torch.int8, pin_memory=True)
-        else:
-            pool = aligned_buffer(num_slots * key_bytes).view(np.int8)
-            self.dram = torch.from_numpy(pool.reshape(num_slots, key_bytes))
-        self._dram_np = self.dram.numpy()
+        self._pin = device.type == "cuda"
+        self._pool = HostRows(num_slots, key_bytes, pin=self._pin)
+        self.dram = self._pool.tensor
+        self._dram_np = self._pool.array
         self.key_bytes = key_bytes
+        self.copier = copier or PageCopier(self._groups)
+        self._store_stream, self._load_stream = streams or (
+            transfer_stream(device), transfer_stream(device)
+        )
         self.store = store
         self.writer = (
             StoreWriter(store, max_pending_bytes=ssd_queue_bytes) if store is not None else None
         )
-        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="histate-ssd-read")
+        self.read_ahead = read_ahead
         self.read_timeout_s = ssd_read_timeout_s
-        self._finished: list[TransferResult] = []
-        # One key's bytes: the only host memory beyond the DRAM pool (SSD restores). A
-        # new one with each new reader thread: a hung read may still write the old one.
-        self._staging: np.ndarray | None = None
-        # job id -> (future, cancel flag + lock, submit time)
-        self._loads: dict[int, tuple[Future, _Cancel, float]] = {}
+        self._reader, self._io = self._new_readers()
+        # Staging rows for SSD reads: twice the reads in flight, so a row's copy to the
+        # GPU can run while the next reads fill the others. A new ring with each new
+        # reader: a hung read may still write the old one.
+        self._staging: HostRows | None = None
+        # Copies queued on a stream: job id -> (end event, bytes, submit time, seconds).
+        self._copies: dict[int, tuple[Event, int, float, float | None]] = {}
+        # The last store into each slot, until an SSD write of it has checked it fired.
+        self._slot_filled: dict[int, Event] = {}
+        self._ssd_queue: deque[SSDWrite | SSDDelete | SSDReset] = deque()
+        self._loads: dict[int, _SSDLoad] = {}
+        self._finished: list[TransferResult] = []  # failed by `wait` (timed out)
         # SSD outcomes for the scheduler: key -> written?, and keys found unusable.
         self.ssd_written: dict[bytes, bool] = {}
         self.ssd_lost: set[bytes] = set()
 
+    def _new_readers(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        return (ThreadPoolExecutor(max_workers=1, thread_name_prefix="histate-ssd-load"),
+                ThreadPoolExecutor(max_workers=self.read_ahead,
+                                   thread_name_prefix="histate-ssd-read"))
+
     # --- GPU <-> DRAM ---
 
-    def _blocks_by_group(self, spec: GPULoadStoreSpec):
-        """Yield (group views, block ids, index range into the job's key list)."""
-        start = 0
-        for views, size in zip(self._groups, spec.group_sizes):
+    def _parts(self, spec: GPULoadStoreSpec, slots):
+        """(group index, block ids, slots) per group of a job, from the job's key order."""
+        parts, start = [], 0
+        for g, size in enumerate(spec.group_sizes):
             if size:
-                yield views, spec.block_ids[start : start + size], slice(start, start + size)
+                parts.append((g, spec.block_ids[start : start + size], slots[start : start + size]))
             start += size
+        return parts
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec) -> bool:
         assert isinstance(dst_spec, HiStateStoreSpec)
         t0 = time.perf_counter()
-        slots = np.asarray(dst_spec.slots, dtype=np.int64)
-        for views, block_ids, keys in self._blocks_by_group(src_spec):
-            blocks = torch.from_numpy(np.asarray(block_ids, dtype=np.int64))
-            slot_idx = torch.from_numpy(slots[keys])
-            for tensor, nbytes, offset in views:
-                pages = tensor.index_select(0, blocks.to(tensor.device))[:, :nbytes]
-                self.dram[slot_idx, offset : offset + nbytes] = pages.to("cpu")
-        self._finished.append(
-            TransferResult(job_id, True, len(slots) * self.key_bytes, time.perf_counter() - t0)
-        )
+        batch = self.copier.batch(self._parts(src_spec, dst_spec.slots), self.dram, to_host=True)
+        stream = self._store_stream
+        event = stream.launch(batch, after=stream.mark_compute())
+        self._copies[job_id] = _copy(event, batch.nbytes, t0)
+        for slot in dst_spec.slots:
+            self._slot_filled[slot] = event
         return True
-
-    def _copy_to_blocks(self, views, block_ids, rows: torch.Tensor) -> None:
-        blocks = torch.from_numpy(np.asarray(block_ids, dtype=np.int64))
-        for tensor, nbytes, offset in views:
-            tensor[blocks.to(tensor.device), :nbytes] = rows[:, offset : offset + nbytes].to(
-                tensor.device
-            )
 
     def submit_load(self, job_id: int, src_spec, dst_spec: GPULoadStoreSpec) -> bool:
         assert isinstance(src_spec, HiStateLoadSpec)
+        stream = self._load_stream
+        after = stream.mark_compute()  # on the engine thread: the compute stream
         if all(slot >= 0 for slot in src_spec.slots):
             t0 = time.perf_counter()
-            self._load_from_dram(src_spec, dst_spec)
-            self._finished.append(TransferResult(
-                job_id, True, len(src_spec.slots) * self.key_bytes, time.perf_counter() - t0
-            ))
-        else:
-            if self._staging is None:
-                self._staging = aligned_buffer(self.key_bytes).view(np.int8).reshape(1, -1)
-            cancel = _Cancel()
-            fut = self._reader.submit(self._load_with_ssd, src_spec, dst_spec, self._staging,
-                                      cancel)
-            self._loads[job_id] = (fut, cancel, time.monotonic())
+            batch = self.copier.batch(self._parts(dst_spec, src_spec.slots), self.dram,
+                                      to_host=False)
+            self._copies[job_id] = _copy(stream.launch(batch, after=after), batch.nbytes, t0)
+            return True
+        if self._staging is None:
+            self._staging = HostRows(2 * self.read_ahead, self.key_bytes, pin=self._pin)
+        job = _SSDLoad()
+        job.future = self._reader.submit(self._load_with_ssd, src_spec, dst_spec, after,
+                                         self._staging, self._io, job)
+        self._loads[job_id] = job
         return True
 
-    def _load_from_dram(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec) -> None:
-        slots = np.asarray(src.slots, dtype=np.int64)
-        for views, block_ids, keys in self._blocks_by_group(dst):
-            self._copy_to_blocks(views, block_ids, self.dram[torch.from_numpy(slots[keys])])
-
-    def _load_with_ssd(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec,
-                       staging: np.ndarray, cancel: _Cancel) -> tuple[float, int]:
-        """Restore a job key by key through one staging buffer, each verified before copying.
+    def _load_with_ssd(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec, after: Event | None,
+                       staging: HostRows, io: ThreadPoolExecutor, job: _SSDLoad) -> int:
+        """Restore a job: DRAM keys in one batch, SSD keys read in parallel, each verified
+        before its copy is queued. Returns the bytes moved.
 
         Nothing restored here can run before the whole job reports success: on failure
         vLLM recomputes the request and zeroes the blocks it had allocated for the load.
         Once the job is cancelled (timed out) its blocks may belong to another request, so
-        every copy into them happens under the cancel lock, after checking the flag."""
-        t0 = time.perf_counter()
-        staged = torch.from_numpy(staging)
-        for views, block_ids, keys in self._blocks_by_group(dst):
-            for block_id, i in zip(block_ids, range(keys.start, keys.stop)):
-                key, slot = src.keys[i], src.slots[i]
-                if slot >= 0:
-                    staging[0] = self._dram_np[slot]
-                elif src.is_state[i]:
-                    # The KV before it is restored by this same job, each chunk verified by
-                    # its own read, from whichever tier holds it.
-                    self.store.read_checkpoint(key, staging[0], verify_chunks=False)
-                else:
-                    self.store.read_chunk(key, staging[0])
-                with cancel.lock:
-                    if cancel.cancelled:
-                        raise StoreError("restore cancelled after its timeout")
-                    self._copy_to_blocks(views, [block_id], staged)
-        # With the bytes moved: vLLM drops a load's transfer stats when their size is unknown.
-        return time.perf_counter() - t0, len(src.keys) * self.key_bytes
+        every copy into them is queued under the job's lock, after checking the flag."""
+        stream, store = self._load_stream, self.store
+        in_dram, on_ssd = [], []  # (group, block id, slot or index in the job)
+        for g, blocks, keys in self._parts(dst, list(range(len(src.keys)))):
+            for block, i in zip(blocks, keys):
+                slot = src.slots[i]
+                (in_dram if slot >= 0 else on_ssd).append((g, block, slot if slot >= 0 else i))
+        nbytes = 0
+        if in_dram:
+            by_group: dict[int, tuple[list[int], list[int]]] = {}
+            for g, block, slot in in_dram:
+                blocks, slots = by_group.setdefault(g, ([], []))
+                blocks.append(block)
+                slots.append(slot)
+            parts = [(g, blocks, slots) for g, (blocks, slots) in by_group.items()]
+            batch = self.copier.batch(parts, self.dram, to_host=False)
+            job.queue(lambda: stream.launch(batch, after=after))
+            nbytes += batch.nbytes
+        ring = len(staging.array)
+        reads = [Read(src.keys[i], src.is_state[i], staging.array[j % ring])
+                 for j, (_, _, i) in enumerate(on_ssd)]
+        # The copy out of each staging row; the previous job's last ones may still run.
+        filled = staging.filled
+        for event in filled:
+            if event is not None:
+                event.synchronize()
+        for j, _ in store.read_many(reads, ahead=self.read_ahead, executor=io):
+            g, block, _ = on_ssd[j]
+            batch = self.copier.batch([(g, [block], [j % ring])], staging.tensor, to_host=False)
+            filled[j % ring] = job.queue(lambda: stream.launch(batch, after=after))
+            nbytes += batch.nbytes
+            # Read j + read_ahead starts next, into the row of copy j + read_ahead - ring.
+            previous = filled[(j + self.read_ahead) % ring]
+            if previous is not None:
+                previous.synchronize()
+        return nbytes
 
-    def _time_out(self, job_id: int, cancel: _Cancel) -> TransferResult:
-        """Fail a load stuck in a read: cancel it, and leave its thread and buffer behind."""
-        with cancel.lock:  # waits for a copy in progress; none starts after this
-            cancel.cancelled = True
+    def _time_out(self, job_id: int, job: _SSDLoad) -> TransferResult:
+        """Fail a load stuck in a read: cancel it, and leave its threads and ring behind."""
+        job.cancel()  # waits for a copy being queued; none is queued after this
         logger.warning("HiState: SSD read of job %d took over %.0f s; recomputing instead",
                        job_id, self.read_timeout_s)
         self._reader.shutdown(wait=False)
-        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="histate-ssd-read")
+        self._io.shutdown(wait=False)
+        self._reader, self._io = self._new_readers()
         self._staging = None
         return TransferResult(job_id, False)
 
     # --- DRAM -> SSD ---
 
     def submit_ssd_writes(self, writes: list[SSDWrite | SSDDelete | SSDReset]) -> None:
-        for w in writes:
-            if isinstance(w, SSDDelete):
-                self.writer.submit_task(_deleter(w), what="delete")
-                continue
-            if isinstance(w, SSDReset):
-                self.writer.submit_task(self._resetter(w.generation), what="reset")
-                continue
-            payload = self._dram_np[w.slot]
-            if w.is_state:
-                ok = self.writer.submit_checkpoint(
-                    w.key, payload, position=w.position, chunk_keys=w.chunk_keys,
-                    provenance=w.provenance,
-                )
-            else:
-                ok = self.writer.submit_chunk(w.key, payload, provenance=w.provenance)
-            if not ok:  # the writer reports the rejection through drain_finished()
-                logger.debug("HiState: SSD queue full, %s stays in DRAM", w.key.hex()[:16])
+        self._ssd_queue.extend(writes)
+        self._pass_ssd_writes()
+
+    def _pass_ssd_writes(self) -> None:
+        """Hand queued SSD operations to the writer, in order, up to the first write whose
+        slot a store job is still filling."""
+        while self._ssd_queue:
+            w = self._ssd_queue[0]
+            if isinstance(w, SSDWrite):
+                filled = self._slot_filled.get(w.slot)
+                if filled is not None:
+                    if not filled.query():
+                        return
+                    del self._slot_filled[w.slot]
+            self._ssd_queue.popleft()
+            self._submit_ssd(w)
+
+    def _submit_ssd(self, w: SSDWrite | SSDDelete | SSDReset) -> None:
+        if isinstance(w, SSDDelete):
+            self.writer.submit_task(_deleter(w), what="delete")
+            return
+        if isinstance(w, SSDReset):
+            self.writer.submit_task(self._resetter(w.generation), what="reset")
+            return
+        payload = self._dram_np[w.slot]
+        if w.is_state:
+            ok = self.writer.submit_checkpoint(
+                w.key, payload, position=w.position, chunk_keys=w.chunk_keys,
+                provenance=w.provenance,
+            )
+        else:
+            ok = self.writer.submit_chunk(w.key, payload, provenance=w.provenance)
+        if not ok:  # the writer reports the rejection through drain_finished()
+            logger.debug("HiState: SSD queue full, %s stays in DRAM", w.key.hex()[:16])
 
     def poll_ssd(self) -> None:
         if self.writer is None:
@@ -229,54 +280,110 @@ class HiStateWorker(OffloadingWorker):
 
     def get_finished(self) -> list[TransferResult]:
         done, self._finished = self._finished, []
-        now = time.monotonic()
-        for job_id, (fut, cancel, t0) in list(self._loads.items()):
-            if not fut.done():
-                if now - t0 > self.read_timeout_s:
-                    del self._loads[job_id]
-                    done.append(self._time_out(job_id, cancel))
-                continue
-            del self._loads[job_id]
-            try:
-                elapsed, nbytes = fut.result()
-                done.append(TransferResult(job_id, True, nbytes, elapsed))
-            except (CorruptEntry, MissingEntry) as exc:
-                logger.warning("HiState: restore failed, falling back to recompute: %s", exc)
-                self.ssd_lost.add(exc.key)
-                self.ssd_lost.update(getattr(exc, "quarantined", ()))
-                done.append(TransferResult(job_id, False))
-            except StoreError as exc:
-                logger.warning("HiState: restore failed, falling back to recompute: %s", exc)
-                done.append(TransferResult(job_id, False))
+        now = time.perf_counter()
+        for job_id, (event, nbytes, t0, took) in list(self._copies.items()):
+            if event.query():
+                del self._copies[job_id]
+                done.append(TransferResult(job_id, True, nbytes, took or now - t0))
+        for job_id, job in list(self._loads.items()):
+            result = self._ssd_result(job_id, job)
+            if result is not None:
+                del self._loads[job_id]
+                done.append(result)
+        self._pass_ssd_writes()
         self.poll_ssd()
         return done
 
+    def _ssd_result(self, job_id: int, job: _SSDLoad) -> TransferResult | None:
+        """The job's outcome once its reads are over and its queued copies have finished."""
+        if not job.future.done():
+            if time.perf_counter() - job.t0 > self.read_timeout_s:
+                return self._time_out(job_id, job)
+            return None
+        if job.last is not None and not job.last.query():
+            return None  # copies still running, into blocks vLLM reuses on failure too
+        exc = job.future.exception()
+        if exc is None:
+            return TransferResult(job_id, True, job.future.result(), time.perf_counter() - job.t0)
+        if isinstance(exc, (CorruptEntry, MissingEntry)):
+            self.ssd_lost.add(exc.key)
+            self.ssd_lost.update(getattr(exc, "quarantined", ()))
+        if not isinstance(exc, StoreError):
+            logger.error("HiState: restore failed unexpectedly", exc_info=exc)
+        logger.warning("HiState: restore failed, falling back to recompute: %s", exc)
+        return TransferResult(job_id, False)
+
     def wait(self, job_ids: set[int]) -> None:
         for job_id in job_ids:
-            load = self._loads.get(job_id)
-            if load is not None:
-                fut, cancel, t0 = load
-                left = max(0.0, t0 + self.read_timeout_s - time.monotonic())
-                try:
-                    fut.exception(timeout=left)  # errors surface in get_finished
-                except FutureTimeout:
-                    # The caller reuses the blocks next: cancel before returning.
-                    del self._loads[job_id]
-                    self._finished.append(self._time_out(job_id, cancel))
+            copy = self._copies.get(job_id)
+            if copy is not None:
+                copy[0].synchronize()
+            job = self._loads.get(job_id)
+            if job is None:
+                continue
+            left = max(0.0, job.t0 + self.read_timeout_s - time.perf_counter())
+            try:
+                job.future.exception(timeout=left)  # errors surface in get_finished
+            except FutureTimeout:
+                # The caller reuses the blocks next: cancel before returning.
+                del self._loads[job_id]
+                self._finished.append(self._time_out(job_id, job))
+                continue
+            if job.last is not None:
+                job.last.synchronize()
 
     def shutdown(self) -> None:
-        self._reader.shutdown(wait=not self._loads)  # never wait on a hung read
+        for event, *_ in self._copies.values():
+            event.synchronize()
+        for job in self._loads.values():
+            job.cancel()
+        self._reader.shutdown(wait=False)  # never wait on a hung read
+        self._io.shutdown(wait=False)
         if self.writer is not None:
+            for event in self._slot_filled.values():
+                event.synchronize()
+            self._pass_ssd_writes()
             # Drain what is queued so a clean restart finds it published.
             self.writer.close(drain=True, timeout=60)
+        if not self._loads:  # else a hung read's copies might still target it
+            self._pool.close()
 
 
-class _Cancel:
-    __slots__ = ("cancelled", "lock")
+def _copy(event: Event, nbytes: int, t0: float) -> tuple[Event, int, float, float | None]:
+    """A queued copy's record. Its time, for vLLM's transfer metrics: the copy's own where
+    it ran synchronously (a CPU); else from submit to when a poll sees it done, an upper
+    bound (it includes waiting for the compute stream)."""
+    took = time.perf_counter() - t0 if event.query() else None
+    return event, nbytes, t0, took
+
+
+class _SSDLoad:
+    """One load that reads SSD: its reader future, and the copies it has queued.
+
+    `queue` and `cancel` share a lock, so once `cancel` returns no copy is queued for the
+    job, and the last one queued has finished."""
+
+    __slots__ = ("cancelled", "future", "last", "lock", "t0")
 
     def __init__(self) -> None:
         self.cancelled = False
+        self.future: Future | None = None
+        self.last: Event | None = None  # the end event of the last copy queued
         self.lock = threading.Lock()
+        self.t0 = time.perf_counter()
+
+    def queue(self, launch) -> Event:
+        with self.lock:
+            if self.cancelled:
+                raise StoreError("restore cancelled after its timeout")
+            self.last = launch()
+            return self.last
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            if self.last is not None:
+                self.last.synchronize()
 
 
 def _deleter(d: SSDDelete):

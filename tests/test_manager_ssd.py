@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent / "store"))
 from store_helpers import IDENTITY, make_key, make_payload  # noqa: E402
 
@@ -93,3 +95,15 @@ def test_ssd_mirror_keeps_every_backup(tmp_path):
     assert manager(store, ssd_mirror=True).policy.ev.keep_backups
     store2, _, _ = published(tmp_path / "b")
     assert not manager(store2).policy.ev.keep_backups
+
+
+def test_dram_bytes_is_the_total_across_ranks():
+    from histate_vllm.layout import dram_slots
+
+    assert dram_slots(16 * KEY, KEY, 1) == 16 and dram_slots(16 * KEY, KEY, 4) == 4
+    cfg = HiStateConfig(dram_bytes=16 * KEY)
+    m = HiStateManager(LAYOUT, cfg, tokens_per_hash=BT, max_model_len=8192, ranks=4)
+    assert m.num_slots == 4  # what each of the 4 workers pins, as many slots
+    with pytest.raises(ValueError, match="total across them"):
+        HiStateManager(LAYOUT, HiStateConfig(dram_bytes=2 * KEY), tokens_per_hash=BT,
+                       max_model_len=8192, ranks=4)

@@ -103,11 +103,12 @@ def test_hung_read_times_out_and_never_writes_the_blocks_afterwards(tmp_path):
     store = HungStore(tmp_path, IDENTITY, budget_bytes=1 << 30)
     k = make_key("k")
     store.write_chunk(k, make_payload(KEY_BYTES, "k"), provenance="p")
-    w, pages = make_worker(store, timeout=0.3)
+    # Timeout and waits leave room for a busy shared machine's scheduling delays.
+    w, pages = make_worker(store, timeout=1.0)
     w.submit_load(1, HiStateLoadSpec(slots=[-1], keys=[k], is_state=[False]), gpu_spec([3]))
     assert store.entered.wait(5)
     assert w.get_finished() == []  # not yet timed out
-    time.sleep(0.4)
+    time.sleep(1.1)
     [result] = w.get_finished()
     assert result.job_id == 1 and not result.success
     # The block now belongs to another request; the read finally returns.

@@ -15,6 +15,7 @@ from histate_vllm.store.errors import (
 )
 from histate_vllm.store.format import HEADER_BYTES, ChunkRef, Manifest, StoreIdentity
 from histate_vllm.store.gc import GcReport
+from histate_vllm.store.restore import Read
 from histate_vllm.store.scan import CheckpointInfo, StoreIndex
 from histate_vllm.store.store import SSDStore
 from histate_vllm.store.writer import Completion, StoreWriter
@@ -29,6 +30,7 @@ __all__ = [
     "GcReport",
     "Manifest",
     "MissingEntry",
+    "Read",
     "SSDStore",
     "StoreError",
     "StoreIdentity",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import mmap
+import os
 import threading
 
 import numpy as np
@@ -47,6 +48,60 @@ def _stage() -> memoryview:
     if stage is None:
         stage = _local.stage = memoryview(mmap.mmap(-1, _STAGE_BYTES))
     return stage
+
+
+def _block() -> memoryview:
+    """A per-thread page-aligned block: the header and a payload's last partial block."""
+    block = getattr(_local, "block", None)
+    if block is None:
+        block = _local.block = memoryview(mmap.mmap(-1, ALIGN))
+    return block
+
+
+def read_direct(fd: int, header_bytes: int, size: int, payload: memoryview) -> tuple[bytes, int]:
+    """Read a payload file open with O_DIRECT: (its header, bytes read). `payload` must be
+    page-aligned and hold `size - header_bytes` bytes. The page-aligned part comes straight
+    into it (one request with the header), the last partial block through a bounce block.
+
+    Why: restores then skip the page cache, its copy and its memory. On this project's VM
+    disk, 4 parallel O_DIRECT reads restored at 0.50 of the raw read, 2 buffered ones at
+    0.21 (benchmarks/results_store.md)."""
+    assert header_bytes == ALIGN
+    n = size - header_bytes
+    full = n - n % ALIGN
+    block = _block()
+    bufs = [block, payload[:full]] if full else [block]
+    got = _preadv(fd, bufs, 0)
+    header = bytes(block) if got >= header_bytes else bytes(block[:got])
+    if got == header_bytes + full and full < n:
+        tail = _preadv(fd, [block], header_bytes + full)
+        take = min(tail, n - full)
+        payload[full : full + take] = block[:take]
+        got += take
+    return header, got
+
+
+def _preadv(fd: int, bufs: list[memoryview], offset: int) -> int:
+    """Fill `bufs` from `offset`; fewer bytes only at the end of the file."""
+    want, done = sum(len(b) for b in bufs), 0
+    while done < want:
+        try:
+            n = os.preadv(fd, bufs, offset + done)
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                raise DirectIOUnsupported(str(e)) from None
+            raise
+        if n <= 0:
+            break
+        done += n
+        if done < want and n % ALIGN:
+            break  # a short read ends only at the end of the file
+        while bufs and n >= len(bufs[0]):
+            n -= len(bufs[0])
+            bufs = bufs[1:]
+        if bufs and n:
+            bufs = [bufs[0][n:], *bufs[1:]]
+    return done
 
 
 def _write(fd: int, *bufs: memoryview) -> None:

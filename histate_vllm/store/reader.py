@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 
+from histate_vllm.store.directio import read_direct
 from histate_vllm.store.fileio import read_exact
 from histate_vllm.store.format import (
     HEADER_BYTES,
@@ -88,22 +89,46 @@ def _read(fd: int, bufs: list[memoryview], offset: int) -> int:
 
 
 def check_header(
-    fd: int, key: bytes, kind: Kind, digest: str, expect: Expect | None
+    fd: int, key: bytes, kind: Kind, digest: str, expect: Expect | None, *, direct: bool = False
 ) -> PayloadHeader:
     size = os.fstat(fd).st_size
-    buf = bytearray(HEADER_BYTES)
-    if size < HEADER_BYTES or _read(fd, [memoryview(buf)], 0) < HEADER_BYTES:
+    if size < HEADER_BYTES:
+        raise BadEntry("truncated: shorter than its header")
+    if direct:
+        buf, got = _read_direct(fd, HEADER_BYTES, memoryview(b""))
+    else:
+        buf = bytearray(HEADER_BYTES)
+        got = _read(fd, [memoryview(buf)], 0)
+    if got < HEADER_BYTES:
         raise BadEntry("truncated: shorter than its header")
     return _checked(buf, size, key, kind, digest, expect)
 
 
+def _read_direct(fd: int, size: int, payload: memoryview) -> tuple[bytes, int]:
+    try:
+        return read_direct(fd, HEADER_BYTES, size, payload)
+    except OSError as e:
+        if e.errno == errno.EIO:
+            raise BadEntry(f"I/O error: {e.strerror}") from None
+        raise
+
+
 def read_into(
-    fd: int, key: bytes, kind: Kind, digest: str, out, expect: Expect | None = None
+    fd: int,
+    key: bytes,
+    kind: Kind,
+    digest: str,
+    out,
+    expect: Expect | None = None,
+    *,
+    direct: bool = False,
 ) -> int:
     """Verify the file open at `fd` and fill `out` with its payload; return its size.
 
     The header and the payload come in one sequential read (the file size says how
-    long the payload is), so the kernel's readahead sees one stream per file.
+    long the payload is), so the kernel's readahead sees one stream per file. `direct`:
+    `fd` was opened with O_DIRECT and `out` is page-aligned (`directio.read_direct`);
+    raises DirectIOUnsupported if the file system refuses the read.
     """
     size = os.fstat(fd).st_size
     if size < HEADER_BYTES:
@@ -111,13 +136,18 @@ def read_into(
     dst = out_view(out)
     if size - HEADER_BYTES > len(dst):
         # Too big for `out`: a valid header makes that the caller's ValueError.
-        h = check_header(fd, key, kind, digest, expect)
+        h = check_header(fd, key, kind, digest, expect, direct=direct)
         out_view(out, h.nbytes)
         raise AssertionError("unreachable: check_header saw the size")
-    hdr = bytearray(HEADER_BYTES)
     payload = dst[: size - HEADER_BYTES]
-    os.posix_fadvise(fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
-    got = _read(fd, [memoryview(hdr), payload], 0)
+    if direct:
+        hdr, got = _read_direct(fd, size, payload)
+        if got < HEADER_BYTES:
+            raise BadEntry("truncated: shorter than its header")
+    else:
+        hdr = bytearray(HEADER_BYTES)
+        os.posix_fadvise(fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
+        got = _read(fd, [memoryview(hdr), payload], 0)
     h = _checked(hdr, size, key, kind, digest, expect)
     if got < size:
         raise BadEntry(f"truncated while reading: {got} of {size} bytes")

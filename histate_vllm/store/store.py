@@ -54,13 +54,15 @@ class SSDStore(PublishMixin, RestoreMixin):
         `fsync=False` keeps crash safety against process crashes but not power loss.
         `direct_io` writes payloads with O_DIRECT (falls back to buffered by itself
         where the file system refuses it); payloads in page-aligned memory (pinned
-        host buffers, `aligned_buffer`) are then written without any copy.
+        host buffers, `aligned_buffer`) are then written without any copy, and reads
+        into page-aligned buffers bypass the page cache the same way.
         """
         self.root = os.fspath(root)
         self.identity = identity
         self.budget_bytes = budget_bytes
         self.fsync = fsync
         self.direct_io = direct_io
+        self._direct_reads = direct_io
         self.orphan_grace_s = orphan_grace_s
         self.quarantine_keep = quarantine_keep
         self.layout = Layout(self.root, identity.digest())
@@ -68,6 +70,10 @@ class SSDStore(PublishMixin, RestoreMixin):
         self._digest = self.layout.digest
         self._known_dirs: set[str] = set()
         self._lock = threading.Lock()
+        self._dir_gen: dict[str, int] = {}
+        self._dir_synced: dict[str, int] = {}
+        self._dir_sync_lock = threading.Lock()
+        self._dir_syncer = None
         self._unavailable: str | None = None
         try:
             os.makedirs(self.root, exist_ok=True)

@@ -1,24 +1,32 @@
 """StoreWriter: the background write queue in front of an SSDStore.
 
-The engine thread only enqueues; one daemon thread writes. `submit_*` takes a lock,
-appends and returns (no I/O, no copy: the payload must already be a copy the caller
-owns and does not modify until its completion is reported). The writer thread spends
-its time in calls that release the GIL (hashing, write, fsync), so it does not stall
+The engine thread only enqueues; a daemon thread dispatches in order, chunk writes run
+on `io_threads` threads at once and checkpoints on a publisher thread. `submit_*` takes a
+lock, appends and returns (no I/O, no copy: the payload must already be a copy the caller
+owns and does not modify until its completion is reported). The writer threads spend
+their time in calls that release the GIL (hashing, write, fsync), so they do not stall
 the engine thread.
 
 Bound and drop policy: at most `max_pending_bytes` of payload is held (queued plus
-the one being written). A submit that does not fit is rejected, newest first: it
+those being written). A submit that does not fit is rejected, newest first: it
 returns False and reports `ok=False, reason="queue full"`; what is already queued is
 kept. An item larger than the whole bound is accepted only when the queue is empty.
 
-Merging: a checkpoint submit cancels a queued, not yet started checkpoint of the same
-key and of every key in `supersedes` (reported `reason="superseded"`), but only if the
-new one is accepted. A chunk submit of a key already queued with the same provenance
-rides on the queued write.
+Merging: a checkpoint submit cancels a queued, not yet started checkpoint (one still
+waiting for what was submitted before it) of the same key and of every key in
+`supersedes` (reported `reason="superseded"`), but only if the new one is accepted. A
+chunk submit of a key already queued with the same provenance rides on the queued write.
 
 Order: first in, first out, so a checkpoint submitted after its chunks is published
-after they are written. A checkpoint referencing a chunk that this writer failed or
-rejected is not published (it could splice another computation's bytes).
+after they are written. Chunk writes overlap (each is crash-safe on its own: temporary
+file, fsync, rename). A checkpoint waits on the publisher thread until everything
+submitted before it has finished, while later chunks go on; a task waits for everything
+before it, and so does a chunk write of a key in flight or named by a checkpoint in
+flight. Completions are reported in submission order whatever order the writes finish
+in. Why parallel: one file at a time leaves the disk idle during each fsync and each
+file's Python work (benchmarks/results_store.md). A checkpoint referencing a chunk that
+this writer failed or rejected is not published (it could splice another computation's
+bytes).
 
 Completions: `on_done(key, ok, reason)` is called on the writer thread if given;
 otherwise `Completion`s accumulate until `drain_finished()` (poll it every step).
@@ -34,6 +42,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from histate_vllm.store.errors import StoreError
@@ -60,6 +69,7 @@ class _Item:
     __slots__ = (
         "cancelled",
         "chunk_keys",
+        "finished",
         "fn",
         "key",
         "kind",
@@ -67,6 +77,7 @@ class _Item:
         "payload",
         "position",
         "provenance",
+        "result",
         "waiters",
     )  # fmt: skip
 
@@ -81,6 +92,8 @@ class _Item:
         self.cancelled = False
         self.waiters = 1  # submits this write answers
         self.fn = None  # a task: called with the store
+        self.result: tuple[bool, str, int] | None = None  # set once written
+        self.finished = threading.Event()  # set with `result`: what a checkpoint waits on
 
 
 class StoreWriter:
@@ -91,18 +104,37 @@ class StoreWriter:
         max_pending_bytes: int,
         on_done: Callable[[bytes, bool, str], None] | None = None,
         name: str = "histate-store-writer",
+        io_threads: int = 4,
     ) -> None:
         self.store = store
         self.max_pending_bytes = max_pending_bytes
         self.on_done = on_done
-        self._cv = threading.Condition()
+        lock = threading.Lock()
+        # Two conditions on one lock, so that a submit wakes only the dispatcher: waking
+        # every writer thread on each submit has them all contend for the GIL with the
+        # engine thread.
+        self._cv = threading.Condition(lock)  # the queue: new items, closing
+        self._done = threading.Condition(lock)  # items finishing
         self._queue: deque[_Item] = deque()
         self._queued_ckpt: dict[bytes, _Item] = {}
         # Chunk writes queued or in flight, by key.
         self._open_chunks: dict[bytes, _Item] = {}
         self._failed_chunks: OrderedDict[bytes, str] = OrderedDict()
         self._pending_bytes = 0
-        self._inflight: _Item | None = None
+        # Dispatched items in submission order, until their completion is reported.
+        self._running: deque[_Item] = deque()
+        self._emit_lock = threading.Lock()  # completions leave in submission order
+        self._io = (
+            ThreadPoolExecutor(io_threads, thread_name_prefix=f"{name}-io")
+            if io_threads > 1
+            else None
+        )
+        # Checkpoints wait for their chunks here, so later chunks need not wait for them.
+        self._publisher = (
+            ThreadPoolExecutor(1, thread_name_prefix=f"{name}-publish")
+            if self._io is not None
+            else None
+        )
         self._finished: list[Completion] = []
         self._closed = False
         self.stats = dict.fromkeys(
@@ -190,7 +222,7 @@ class StoreWriter:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything submitted so far is written; False on timeout."""
         with self._cv:
-            return self._cv.wait_for(lambda: not self._queue and self._inflight is None, timeout)
+            return self._done.wait_for(lambda: not self._queue and not self._running, timeout)
 
     def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting; write what is queued (drain) or cancel it, then stop."""
@@ -211,8 +243,12 @@ class StoreWriter:
                     done += [Completion(it.key, it.kind, False, "writer closed", 0)] * it.waiters
                 self._queued_ckpt.clear()
             self._cv.notify_all()
+            self._done.notify_all()
         self._emit(done)
         self._thread.join(timeout)
+        for pool in (self._io, self._publisher):
+            if pool is not None:
+                pool.shutdown(wait=not self._thread.is_alive())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -229,7 +265,7 @@ class StoreWriter:
     def _enqueue_locked(self, item: _Item) -> None:
         self._queue.append(item)
         self._pending_bytes += item.nbytes
-        self._cv.notify_all()
+        self._cv.notify()  # the dispatcher is the only waiter
 
     def _remember_failed(self, key: bytes, reason: str) -> None:
         self._failed_chunks[key] = reason
@@ -258,44 +294,108 @@ class StoreWriter:
                 while not self._queue and not self._closed:
                     self._cv.wait()
                 if not self._queue:
+                    if self._running:  # closing: let the writes in flight finish
+                        self._done.wait_for(lambda: not self._running)
                     return
-                item = self._queue.popleft()
+                item = self._queue[0]
+                if not item.cancelled and self._must_wait(item):
+                    self._done.wait_for(lambda: not self._running)
+                    continue  # the queue may have changed meanwhile: look again
+                self._queue.popleft()
                 if item.cancelled:
                     if not self._queue:
-                        self._cv.notify_all()
+                        self._done.notify_all()  # flush() may be waiting for this
                     continue
-                if self._queued_ckpt.get(item.key) is item:
-                    del self._queued_ckpt[item.key]
-                self._inflight = item
-                blocked = None
-                if item.kind == "checkpoint":
-                    blocked = next((k for k in item.chunk_keys if k in self._failed_chunks), None)
-                    if blocked is not None:
-                        why = self._failed_chunks[blocked]
-                        blocked = f"chunk {blocked.hex()[:16]}… not written ({why})"
+                # Everything before it that has not finished (a checkpoint waits for it).
+                before = [it for it in self._running if it.result is None]
+                self._running.append(item)
+                store = self.store
             if item.kind == "task":
                 self._run_task(item)
-                continue
-            ok, reason, nbytes = self._execute(item, blocked)
+            elif item.kind == "chunk" and self._io is not None:
+                self._io.submit(self._write, store, item, None)
+            elif item.kind == "checkpoint" and self._publisher is not None:
+                self._publisher.submit(self._publish, store, item, before)
+            else:
+                self._publish(store, item, before)
+
+    def _must_wait(self, item: _Item) -> bool:
+        """Whether `item` has to wait, on this thread, for everything dispatched before it.
+
+        With I/O threads, a chunk waits only for a write of its key or a checkpoint naming
+        it; a checkpoint waits on the publisher thread instead (see `_publish`)."""
+        if not self._running:
+            return False
+        if item.kind == "task" or self._io is None:
+            return True
+        if item.kind == "checkpoint":
+            return False
+        return any(
+            it.key == item.key or (it.kind == "checkpoint" and item.key in it.chunk_keys)
+            for it in self._running
+        )
+
+    def _publish(self, store: SSDStore, item: _Item, before: list[_Item]) -> None:
+        """Publish a checkpoint once everything submitted before it has finished. Until
+        then it can still be superseded: it stays in `_queued_ckpt`."""
+        for it in before:  # woken by these items only, not by every write that finishes
+            it.finished.wait()
+        with self._cv:
+            if self._queued_ckpt.get(item.key) is item:
+                del self._queued_ckpt[item.key]
+            cancelled = item.cancelled  # superseded meanwhile, and reported so
+            if cancelled:
+                item.result = (False, "superseded", 0)
+                item.finished.set()
+            blocked = next((k for k in item.chunk_keys if k in self._failed_chunks), None)
+            if blocked is not None:
+                why = self._failed_chunks[blocked]
+                blocked = f"chunk {blocked.hex()[:16]}… not written ({why})"
+        if cancelled:
+            self._report()
+        else:
+            self._write(store, item, blocked)
+
+    def _write(self, store: SSDStore, item: _Item, blocked: str | None) -> None:
+        ok, reason, nbytes = self._execute(store, item, blocked)
+        with self._cv:
+            self._pending_bytes -= item.nbytes
+            item.payload = None
+            if item.kind == "chunk":
+                if self._open_chunks.get(item.key) is item:
+                    del self._open_chunks[item.key]  # no more merging into it
+                if ok:
+                    self._failed_chunks.pop(item.key, None)
+                else:
+                    self._remember_failed(item.key, reason)
+            self.stats["written" if ok else "failed"] += 1
+            self.stats["bytes_written"] += nbytes
+            item.result = (ok, reason, nbytes)
+            item.finished.set()
+        self._report()
+
+    def _report(self) -> None:
+        """Report finished items at the head of `_running`, in submission order.
+
+        An item leaves `_running` only after its completion is out, so that after
+        flush() every completion is in drain_finished() or was passed to on_done."""
+        with self._emit_lock:
             with self._cv:
-                self._pending_bytes -= item.nbytes
-                item.payload = None
-                if item.kind == "chunk":
-                    if self._open_chunks.get(item.key) is item:
-                        del self._open_chunks[item.key]  # no more merging into it
-                    if ok:
-                        self._failed_chunks.pop(item.key, None)
-                    else:
-                        self._remember_failed(item.key, reason)
-                self.stats["written" if ok else "failed"] += 1
-                self.stats["bytes_written"] += nbytes
-                waiters = item.waiters
-            # Reported before the item stops being in flight, so that after flush()
-            # every completion is in drain_finished() or was passed to on_done.
-            self._emit([Completion(item.key, item.kind, ok, reason, nbytes)] * waiters)
+                items = []
+                for it in self._running:
+                    if it.result is None:
+                        break
+                    items.append(it)
+            done = []
+            for it in items:
+                if it.kind != "task" and not it.cancelled:
+                    ok, reason, nbytes = it.result
+                    done += [Completion(it.key, it.kind, ok, reason, nbytes)] * it.waiters
+            self._emit(done)
             with self._cv:
-                self._inflight = None
-                self._cv.notify_all()
+                for _ in items:
+                    self._running.popleft()
+                self._done.notify_all()
 
     def _run_task(self, item: _Item) -> None:
         try:
@@ -304,19 +404,22 @@ class StoreWriter:
             logger.exception("store writer: %s failed; the store keeps working", item.provenance)
         with self._cv:
             item.fn = None
-            self._inflight = None
-            self._cv.notify_all()
+            item.result = (True, "", 0)
+            item.finished.set()
+        self._report()
 
-    def _execute(self, item: _Item, blocked: str | None) -> tuple[bool, str, int]:
+    def _execute(
+        self, store: SSDStore, item: _Item, blocked: str | None
+    ) -> tuple[bool, str, int]:
         if blocked is not None:
             return False, blocked, 0
         try:
             if item.kind == "chunk":
-                n = self.store.write_chunk(
+                n = store.write_chunk(
                     item.key, item.payload, provenance=item.provenance, on_conflict="replace"
                 )
             else:
-                n = self.store.publish_checkpoint(
+                n = store.publish_checkpoint(
                     item.key,
                     item.payload,
                     position=item.position,

@@ -42,7 +42,8 @@ def work(tmp_path_factory):
 def run_t1(tiny_model, work):
     req = [dict(name="P cold", prompt=P), dict(name="F", flood=1.25, prompt_tokens=3000),
            dict(name="P dram", prompt=P)]
-    run = run_engine(work, "T1", _spec(tiny_model, work / "ssd", 16 * MiB, req), timeout=1500)
+    # dram_bytes is the total of both ranks: 16 MiB each, as at TP=1 in test_connector_e2e.
+    run = run_engine(work, "T1", _spec(tiny_model, work / "ssd", 32 * MiB, req), timeout=1500)
     assert run.returncode == 0, run.log[-4000:]
     return run
 
@@ -50,7 +51,7 @@ def run_t1(tiny_model, work):
 @pytest.fixture(scope="module")
 def run_t2(tiny_model, work, run_t1):
     req = [dict(name="P ssd", prompt=P)]
-    run = run_engine(work, "T2", _spec(tiny_model, work / "ssd", 2 * MiB, req), timeout=1500)
+    run = run_engine(work, "T2", _spec(tiny_model, work / "ssd", 4 * MiB, req), timeout=1500)
     assert run.returncode == 0, run.log[-4000:]
     return run
 

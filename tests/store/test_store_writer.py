@@ -163,13 +163,55 @@ def test_superseding_never_loses_both(gated):
 
 
 def test_close_without_drain_cancels_queued_writes(gated):
-    w = StoreWriter(gated, max_pending_bytes=1 << 20)
+    # One I/O thread, so that C1 stays queued behind C0 in flight.
+    w = StoreWriter(gated, max_pending_bytes=1 << 20, io_threads=1)
     w.submit_chunk(C0, make_payload(100, 0), provenance="p")
     assert gated.started.wait(5)
     w.submit_chunk(C1, make_payload(100, 1), provenance="p")
     threading.Timer(0.1, gated.gate.set).start()
     w.close(drain=False)
     assert outcomes(w) == [(C1, False, "writer closed"), (C0, True, "")]
+
+
+class FirstChunkGated(SSDStore):
+    """Only the write of `slow` waits for `gate`; the others go straight through."""
+
+    def __init__(self, *args, slow, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slow = slow
+        self.gate = threading.Event()
+        self.published = threading.Event()
+
+    def write_chunk(self, key, *args, **kwargs):
+        if key == self.slow:
+            assert self.gate.wait(10)
+        return super().write_chunk(key, *args, **kwargs)
+
+    def publish_checkpoint(self, *args, **kwargs):
+        self.published.set()
+        return super().publish_checkpoint(*args, **kwargs)
+
+
+def test_chunk_writes_overlap_yet_report_and_publish_in_order(tmp_path):
+    store = FirstChunkGated(tmp_path, IDENTITY, budget_bytes=1 << 30, slow=C0)
+    w = StoreWriter(store, max_pending_bytes=1 << 20, io_threads=4)
+    w.submit_chunk(C0, make_payload(100, 0), provenance="p")  # held at the gate
+    w.submit_chunk(C1, make_payload(100, 1), provenance="p")
+    w.submit_checkpoint(A, make_payload(50, "A"), position=1056, chunk_keys=[C0, C1],
+                        provenance="p")
+    w.submit_chunk(C2, make_payload(100, 2), provenance="p")  # after the checkpoint
+    deadline = time.monotonic() + 10
+    while not store.has_chunk(C2) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Written while C0 is still in flight, C2 without waiting for the checkpoint.
+    assert store.has_chunk(C1) and store.has_chunk(C2)
+    # Completions wait for C0's, and the checkpoint for both of its chunks.
+    assert outcomes(w) == [] and not store.published.is_set()
+    store.gate.set()
+    assert w.flush(timeout=10)
+    assert outcomes(w) == [(C0, True, ""), (C1, True, ""), (A, True, ""), (C2, True, "")]
+    assert store.has_checkpoint(A)
+    w.close()
 
 
 def test_enqueue_p99_under_1ms_while_64mib_states_are_written(tmp_path):
