@@ -149,9 +149,8 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
             # caches the restored state on the GPU when the load lands (it retains a
             # state only at a prompt end or a junction) and the next request sharing the
             # prefix hits the GPU instead of restoring it again.
-            logger.debug("HiState: %s resumes at %d (GPU %d); checkpoints planned at %s",
-                         request.request_id, done, num_computed_tokens,
-                         self.manager.capture_positions(request))
+            logger.debug("HiState: %s resumes at %d; checkpoints planned at %s",
+                         request.request_id, done, self.manager.capture_positions(request))
         return hit, is_async
 
     # --- GPU hits first ---
