@@ -112,7 +112,10 @@ class Admission:
         free but the request takes when admitted (`evictable_blocks`)."""
         if self._kv_cache_manager is None:
             return None
-        free = self._kv_cache_manager.block_pool.get_num_free_blocks() - own_evictable
+        kvm = self._kv_cache_manager
+        # vLLM keeps `watermark_blocks` free on top (scheduler watermark, 0 by default).
+        free = (kvm.block_pool.get_num_free_blocks() - own_evictable
+                - getattr(kvm, "watermark_blocks", 0))
         bt, n_kv, n_state = self.block_tokens, self.n_kv, self.n_state
         full = min(request.num_tokens, self.max_model_len) - local
         if load_blocks(local, full, bt, n_kv, n_state) > free:

@@ -119,6 +119,13 @@ def test_the_requests_own_evictable_hit_blocks_are_not_free_for_it():
     assert a.limit(req, 4 * BT, own_evictable=4) == (30 - 4 - 10 - STATE_BLOCKS) * BT
 
 
+def test_vllms_watermark_is_not_free_either():
+    a = _admission(free=30, remaining={"p": 10})
+    a.track(_req("p", 60 * BT), BT)
+    a._kv_cache_manager.watermark_blocks = 4
+    assert a.limit(_req("r", 20 * BT), 4 * BT) == (30 - 4 - 10 - STATE_BLOCKS) * BT
+
+
 def test_evictable_blocks_counts_unreferenced_real_blocks():
     def block(ref_cnt, null=False):
         return SimpleNamespace(ref_cnt=ref_cnt, is_null=null)
