@@ -50,7 +50,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 
 from histate_vllm import rank_reports
-from histate_vllm.admission import Admission
+from histate_vllm.admission import Admission, evictable_blocks
 from histate_vllm.config import HiStateConfig
 from histate_vllm.identity import check_parallelism, store_identity, store_root
 from histate_vllm.layout import CacheLayout
@@ -95,6 +95,10 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
             spec.layout.block_tokens, len(spec.layout.kv_group_ids),
             len(spec.layout.state_group_ids), vllm_config.model_config.max_model_len,
         )
+        # Blocks of each request's GPU hit in vLLM's free queue (see local_prefix_hit),
+        # from its local lookup to the connector's lookup that follows it.
+        self._own_evictable: dict[str, int] = {}
+        self._kv_cache_manager_ref = None
 
     def _keep_block_size(self) -> None:
         """Prefill chunks must end on KV blocks, or no recurrent state is ever saved.
@@ -123,19 +127,18 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         super().on_new_request(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int, max_num_new_tokens=None):
+        # A load that does not fit the free GPU blocks would stall vLLM's whole waiting
+        # queue: look up only as deep as fits (the deepest checkpoint within; see
+        # admission.py). One lookup, so vLLM's lookup stats count each once.
+        limit = self.admission.limit(request, num_computed_tokens,
+                                     self._own_evictable.pop(request.request_id, 0))
+        if limit is not None and (max_num_new_tokens is None or limit < max_num_new_tokens):
+            logger.debug("HiState: %s restore limited to %d tokens past %d to fit the free "
+                         "GPU blocks", request.request_id, limit, num_computed_tokens)
+            max_num_new_tokens = limit
         hit, is_async = super().get_num_new_matched_tokens(
             request, num_computed_tokens, max_num_new_tokens
         )
-        if hit:
-            # A load that does not fit the free GPU blocks would stall vLLM's whole waiting
-            # queue: restore the deepest checkpoint that fits instead (see admission.py).
-            cap = self.admission.cap(request, num_computed_tokens, hit,
-                                     self.manager.live_requests())
-            if cap is not None:
-                logger.debug("HiState: %s restore of %d tokens capped at %d to fit the free "
-                             "GPU blocks", request.request_id, hit, cap)
-                hit, is_async = super().get_num_new_matched_tokens(
-                    request, num_computed_tokens, cap)
         if hit is not None:
             done = num_computed_tokens + hit
             self.manager.note_hit(request, done, num_computed_tokens)
@@ -149,6 +152,106 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
             logger.debug("HiState: %s resumes at %d; checkpoints planned at %s",
                          request.request_id, done, self.manager.capture_positions(request))
         return hit, is_async
+
+    # --- GPU hits first ---
+
+    def bind_local_lookup(self, kv_cache_manager) -> bool:
+        """Take over vLLM's local prefix lookup for a connector (`KVCacheManager.
+        get_computed_blocks_for_connector`, which vLLM's scheduler calls instead of
+        `get_computed_blocks` when the connector `supports_divergent_local_hybrid_hits`).
+        Returns whether it did."""
+        lookup = getattr(kv_cache_manager, "get_computed_blocks_for_connector", None)
+        if lookup is None or not hasattr(kv_cache_manager, "truncate_computed_blocks"):
+            return False
+        self._kv_cache_manager_ref = kv_cache_manager
+        kv_cache_manager.get_computed_blocks_for_connector = (
+            lambda request: self.local_prefix_hit(lookup, request))
+        return True
+
+    def local_prefix_hit(self, lookup, request):
+        """The GPU part of a request's hit: vLLM's, or a deeper one the connector completes.
+
+        On a hybrid model vLLM's own hit is the deepest position where every group has
+        its blocks: the attention KV *and* a recurrent state. Its attention KV often
+        reaches further (a shared prefix whose state was never kept, or was evicted
+        before its KV, as states are freed as soon as a request moves past them). A
+        restore from there would copy attention KV the GPU already holds into new blocks,
+        duplicating the prefix in the GPU cache and crowding out other sessions. So where
+        the attention KV reaches past vLLM's hit and this connector holds a state at or
+        beyond a point past that hit, the GPU serves the attention KV up to `start` and
+        the connector loads only the KV from `start` and the state (`_divergent_start`).
+        Otherwise vLLM's own all-group hit stands, so this is never worse than before.
+        """
+        blocks, local, junction, diverged = lookup(request)
+        if diverged:
+            kvm = self._kv_cache_manager_ref
+            all_blocks, all_local, all_junction = kvm.get_computed_blocks(request)
+            start = self._divergent_start(request, all_local, local)
+            if start is None:
+                blocks, local, junction, diverged = all_blocks, all_local, all_junction, False
+            else:
+                logger.debug("HiState: %s GPU attention hit %d, all-group hit %d: GPU "
+                             "serves %d", request.request_id, local, all_local, start)
+                # The junction vLLM found (where the shared prefix's state is missing):
+                # kept where the restore ends on it, so the GPU caches the restored state.
+                blocks, local, junction = (
+                    kvm.truncate_computed_blocks(blocks, start), start, all_junction)
+        self._own_evictable[request.request_id] = evictable_blocks(blocks)
+        return blocks, local, junction, diverged
+
+    def _divergent_start(self, request, all_local: int, attn_local: int) -> int | None:
+        """Where the GPU's share of a divergent hit ends, or None (use vLLM's all-group hit).
+
+        `attn_local`: tokens of attention KV the GPU holds; `all_local`: vLLM's all-group
+        hit. The deepest state p this connector can restore past `all_local` decides:
+        past `attn_local`, the GPU serves all its attention KV and the load starts there;
+        at or below it, the load starts one block before p (vLLM loads at least one token,
+        and the state needs the KV of at least one block with it). Either way the load
+        must be within what fits the free GPU blocks now, and every KV block from the
+        start to p must be readable here."""
+        status = self._req_status.get(request.request_id)
+        if status is None or not self._layout.state_group_ids:
+            return None
+        bt = self._layout.block_tokens
+        status.update_offload_keys()
+        state_keys, kv_keys = [], []
+        for config, group in zip(self.config.kv_group_configs, status.group_states):
+            is_state = config.group_idx in self._layout.state_group_ids
+            (state_keys if is_state else kv_keys).append(group.offload_keys)
+        if not state_keys:
+            return None
+        top = (request.num_tokens - 1) // bt
+        top = min([top] + [len(keys) for keys in state_keys + kv_keys])
+        readable = self.manager.orch.readable
+        limit = None
+        for end in range(top, all_local // bt, -1):  # p = end * bt, deepest first
+            if not all(readable(keys[end - 1]) for keys in state_keys):
+                continue
+            start = min(attn_local // bt, end - 1)
+            if start * bt <= all_local:
+                return None  # vLLM's all-group hit loads as much with as few blocks
+            if limit is None:
+                limit = self.admission.limit(request, start * bt)
+            if limit is not None and (end - start) * bt > limit:
+                continue
+            if all(readable(keys[i]) for keys in kv_keys for i in range(start, end)):
+                return start * bt
+        return None
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        # vLLM allocated this request's first blocks: from now on it holds a reservation
+        # for the rest of its sequence (an in-flight prefill or load), until
+        # build_connector_meta sees it done prefilling.
+        status = self._req_status.get(request.request_id)
+        local = status.num_locally_computed_tokens if status is not None else 0
+        self.admission.track(request, max(request.num_computed_tokens,
+                                          local + num_external_tokens))
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def request_finished(self, request):
+        self.admission.drop(request.request_id)
+        self._own_evictable.pop(request.request_id, None)
+        return super().request_finished(request)
 
     def _steer_chunk_end(self, request, done: int) -> None:
         """Make the next prefill chunk end at the policy's next capture position after `done`.
@@ -190,6 +293,16 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
                 done = request.num_computed_tokens + n
                 if done < request.num_prompt_tokens:
                     self._steer_chunk_end(request, done)
+                # vLLM allocated this step's blocks: a prefill still in flight after it
+                # keeps a (smaller) reservation, a finished one none.
+                if done < request.num_tokens:
+                    self.admission.track(request, done)
+                else:
+                    self.admission.drop(req_id)
+        for req_id in scheduler_output.preempted_req_ids or ():
+            self.admission.drop(req_id)  # its blocks are freed
+        for req_id in scheduler_output.finished_req_ids:
+            self.admission.drop(req_id)
         bs = scheduler_output.kv_connector_block_state
         meta = super().build_connector_meta(scheduler_output)
         # After every store job of the step, so each state's chunks are already staged.
@@ -286,6 +399,7 @@ class HiStateConnector(OffloadingConnector):
             store_root=store_root(histate.ssd_dir, vllm_config),
         )
         self._canonical_layout = offloading.canonical_layout
+        self._gpu_hits_first = False
         self.connector_scheduler = None
         self.connector_worker = None
         if role == KVConnectorRole.SCHEDULER:
@@ -297,6 +411,14 @@ class HiStateConnector(OffloadingConnector):
         super().bind_kv_cache_manager(kv_cache_manager)
         if self.connector_scheduler is not None:
             self.connector_scheduler.admission.bind(kv_cache_manager)
+            self._gpu_hits_first = self.connector_scheduler.bind_local_lookup(kv_cache_manager)
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        # vLLM's scheduler then asks KVCacheManager.get_computed_blocks_for_connector for
+        # the local hit, which the connector's scheduler side answers (local_prefix_hit):
+        # attention KV the GPU holds is served from the GPU, not loaded again.
+        return self._gpu_hits_first
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):

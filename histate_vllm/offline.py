@@ -7,6 +7,9 @@ engine settings (e.g. "tensor_parallel_size"; "env": variables set before vLLM s
 {"name", "flood": F, "prompt_tokens": N}: prompts of at most N fresh tokens (deterministic
 per name), F times the GPU cache's capacity in all, sized once the engine says how many
 tokens its blocks hold (it depends on the machine: 256 or 384 for the tiny model).
+{"name", "batch": [request, ...]} sends its requests together. Instead of "prompt", "parts":
+[{"seed", "blocks", "tokens"}, ...] builds one from whole KV blocks of the engine (or of
+"prompt_block_size", so an engine with other blocks gets the same prompts).
 "warmup": N runs two untimed N-token prompts first (N above the chunk size), so the first
 timed turn does not pay for the engine's warm-up. OUT: the engine's block size and block count, and per request the
 cached tokens vLLM reports, greedy tokens, their logprobs and the time to first token.
@@ -104,6 +107,12 @@ def engine_layout(llm) -> dict:
                 ssm_dtype=cache.mamba_ssm_cache_dtype)
 
 
+def _gpu_hits(llm) -> int:
+    """Tokens vLLM's GPU prefix cache has served so far (its prefix_cache_hits counter)."""
+    return int(sum(m.value for m in llm.get_metrics()
+                   if m.name == "vllm:prefix_cache_hits" and hasattr(m, "value")))
+
+
 def flood_prompts(name: str, total_tokens: int, prompt_tokens: int) -> list[tuple[str, list[int]]]:
     """Fresh prompts (shared with nothing) of at most `prompt_tokens`, `total_tokens` in all."""
     import random
@@ -114,12 +123,34 @@ def flood_prompts(name: str, total_tokens: int, prompt_tokens: int) -> list[tupl
     return [(f"{name} #{i + 1}", [rng.randrange(2, 2000) for _ in range(size)]) for i in range(n)]
 
 
-def expand_requests(requests: list[dict], layout: dict) -> list[dict]:
+def part_tokens(part: dict, block_size: int) -> list[int]:
+    """Tokens of a prompt part: `blocks` whole blocks plus `tokens`, deterministic per
+    `seed` (two parts with the same seed and length are the same tokens)."""
+    import random
+
+    rng = random.Random(f"part:{part['seed']}")
+    n = part.get("blocks", 0) * block_size + part.get("tokens", 0)
+    return [rng.randrange(2, 2000) for _ in range(n)]
+
+
+def _with_prompt(req: dict, block_size: int) -> dict:
+    if "parts" in req:
+        prompt = [t for part in req["parts"] for t in part_tokens(part, block_size)]
+        req = {**{k: v for k, v in req.items() if k != "parts"}, "prompt": prompt}
+    if "batch" in req:
+        req = {**req, "batch": [_with_prompt(r, block_size) for r in req["batch"]]}
+    return req
+
+
+def expand_requests(requests: list[dict], layout: dict, block_size: int | None = None
+                    ) -> list[dict]:
+    """Requests with their prompts: floods sized from the engine's capacity, `parts`
+    from `block_size` (default: the engine's own)."""
     capacity = layout["block_size"] * layout["num_gpu_blocks"]
     out = []
     for req in requests:
         if "flood" not in req:
-            out.append(req)
+            out.append(_with_prompt(req, block_size or layout["block_size"]))
             continue
         total = int(req["flood"] * capacity)
         for name, prompt in flood_prompts(req["name"], total, req.get("prompt_tokens", 3000)):
@@ -182,29 +213,44 @@ def main(spec_path: str, out_path: str) -> None:
             llm.generate([TokensPrompt(prompt_token_ids=warm)],
                          SamplingParams(max_tokens=2, temperature=0, logprobs=1), use_tqdm=False)
     results = []
-    for req in expand_requests(spec["requests"], layout):
-        sp = SamplingParams(max_tokens=req.get("max_tokens", 4), temperature=0, logprobs=1)
+    for req in expand_requests(spec["requests"], layout, spec.get("prompt_block_size")):
+        # A batch: its requests go to the engine together (they queue, and a restore can
+        # find other requests' prefills and loads in flight); one at a time otherwise.
+        batch = req.get("batch") or [req]
+        sps = [SamplingParams(max_tokens=r.get("max_tokens", 4), temperature=0, logprobs=1)
+               for r in batch]
+        gpu_before = _gpu_hits(llm)
         t0 = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=req["prompt"])], sp, use_tqdm=False)[0]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt"]) for r in batch], sps,
+                            use_tqdm=False)
         wall = time.perf_counter() - t0
-        completion = out.outputs[0]
-        metrics = out.metrics
-        ttft = getattr(metrics, "first_token_latency", 0.0) or wall
-        results.append(
-            dict(
-                name=req["name"],
-                request_id=out.request_id,
-                num_prompt_tokens=len(req["prompt"]),
-                num_cached_tokens=out.num_cached_tokens or 0,
-                token_ids=list(completion.token_ids),
-                logprobs=[lp[tok].logprob for tok, lp in zip(completion.token_ids, completion.logprobs)],
-                ttft=ttft,
-                wall=wall,
-                **({"flood": req["flood"]} if "flood" in req else {}),
+        gpu_hits = _gpu_hits(llm) - gpu_before
+        for r, out in zip(batch, outs):
+            completion = out.outputs[0]
+            metrics = out.metrics
+            ttft = getattr(metrics, "first_token_latency", 0.0) or wall
+            results.append(
+                dict(
+                    name=r["name"],
+                    request_id=out.request_id,
+                    num_prompt_tokens=len(r["prompt"]),
+                    num_cached_tokens=out.num_cached_tokens or 0,
+                    # Of those, served by the GPU prefix cache (for a batch: all of its
+                    # requests together, under the batch's name).
+                    **({"gpu_cached_tokens": gpu_hits} if len(batch) == 1 else {}),
+                    token_ids=list(completion.token_ids),
+                    logprobs=[lp[tok].logprob
+                              for tok, lp in zip(completion.token_ids, completion.logprobs)],
+                    ttft=ttft,
+                    wall=wall,
+                    **({"flood": req["flood"]} if "flood" in req else {}),
+                    **({"batch": req["name"]} if len(batch) > 1 else {}),
+                )
             )
-        )
-        print(f"[runner] {req['name']}: {len(req['prompt'])} tokens, "
-              f"{results[-1]['num_cached_tokens']} cached, {ttft:.3f}s", flush=True)
+            print(f"[runner] {r['name']}: {len(r['prompt'])} tokens, "
+                  f"{results[-1]['num_cached_tokens']} cached, {ttft:.3f}s", flush=True)
+        if len(batch) > 1:
+            results.append(dict(name=req["name"], gpu_cached_tokens=gpu_hits, wall=wall))
     rss = _engine_rss()
     with open(out_path, "w") as f:
         json.dump(dict(engine=layout, results=results, rss=rss), f)

@@ -8,6 +8,10 @@ Engines run in their own processes (see conftest.run_engine):
       right after the restart and in-session once DRAM has overflowed.
   Z   negative control: restart over a copy of X's store in which one checkpoint's state was
       replaced by another prefix's state (re-checksummed, so it verifies).
+  U   restart over a copy of X's store: A2 restores A1's prefix, so the GPU holds the
+      attention KV of FORK's first blocks but no state inside them; FORK's own checkpoint
+      (X stored it) lies past them: the GPU serves that KV, the connector the rest.
+  Z2  U's negative control: FORK's checkpoint replaced by another prefix's state.
   C1  cold reference, prefix caching off, 2048-token chunks.
   C2  cold reference, prefix caching off, 512-token chunks: the engine's own
       chunk-to-chunk variation, which sets the logprob tolerance.
@@ -99,8 +103,10 @@ def run_x(tiny_model, ssm_dtype, work):
     )
     run = run_engine(work, "X", spec)
     assert run.returncode == 0, run.log[-4000:]
-    # Keep a pristine copy of the store for the negative control.
+    # Keep pristine copies of the store for the negative controls.
     shutil.copytree(work / "ssd", work / "ssd-tampered")
+    shutil.copytree(work / "ssd", work / "ssd-tampered-fork")
+    shutil.copytree(work / "ssd", work / "ssd-u")
     return run
 
 
@@ -178,6 +184,46 @@ def test_never_worse_than_vllm_alone(run_v, run_x):
     print("(vLLM alone, HiState) tokens reused:", hits)
     worse = {n: h for n, h in hits.items() if h[1] < h[0]}
     assert not worse, f"reused less than vLLM alone: {worse}"
+
+
+def test_gpu_serves_the_attention_kv_it_holds(run_x):
+    """FORK shares A1's first blocks. A2 restored A1's prefix (attention KV and the state at
+    its end), so the GPU holds FORK's attention KV but no state inside it, and vLLM's own
+    hit (every group) is 0. The connector completes the GPU's attention hit with one block
+    and the state at its end, instead of loading the whole prefix into new blocks again."""
+    bs = run_x.block_size
+    fork = run_x["FORK"]
+    assert fork["num_cached_tokens"] == whole_blocks(2048, bs), fork
+    assert fork["gpu_cached_tokens"] == fork["num_cached_tokens"] - bs, fork
+    assert run_x["A2"]["gpu_cached_tokens"] == 0  # the flood left nothing on the GPU
+
+
+def _u_spec(tiny_model, ssm_dtype, root):
+    return _engine(
+        tiny_model, ssm_dtype, dense_states=True,
+        connector=dict(dram_bytes=16 * MiB, ssd_dir=str(root), ssd_bytes=64 * MiB),
+        requests=[_req("A2", A2), _req("FORK", FORK)],
+    )
+
+
+@pytest.fixture(scope="module")
+def run_u(tiny_model, ssm_dtype, work, run_x):
+    run = run_engine(work, "U", _u_spec(tiny_model, ssm_dtype, work / "ssd-u"))
+    assert run.returncode == 0, run.log[-4000:]
+    return run
+
+
+def test_gpu_hit_completed_past_its_attention_kv(run_u, cold, tolerance):
+    """After the restart A2 restored A1's prefix, which starts with FORK's first 2048
+    tokens: the GPU holds their attention KV, no state inside them. FORK's own checkpoint
+    lies past that: the GPU serves all of its attention KV, the connector loads the KV
+    from there to the checkpoint and its state, and the result is exact."""
+    bs = run_u.block_size
+    fork = run_u["FORK"]
+    assert fork["num_cached_tokens"] == whole_blocks(len(FORK) - 1, bs), fork
+    assert fork["gpu_cached_tokens"] == whole_blocks(2048, bs), fork
+    ok, why = matches_cold(fork, cold["FORK"], tolerance)
+    assert ok, why
 
 
 def test_turn_after_flood_restores_from_dram(run_x):
@@ -262,6 +308,25 @@ def test_negative_control_wrong_state_is_caught(tiny_model, ssm_dtype, work, run
     assert run["A3"]["num_cached_tokens"] == whole_blocks(len(A2), run.block_size)
     ok, why = matches_cold(run["A3"], cold["A3"], tolerance)
     assert not ok, "a wrong recurrent state passed the exactness comparison"
+    print(f"negative control caught: {why}")
+
+
+def test_negative_control_wrong_state_under_a_gpu_hit_is_caught(tiny_model, ssm_dtype, work, run_x,
+                                                               cold, tolerance):
+    """The restore that completes a GPU attention hit really uses the connector's state: a
+    wrong one must fail the exactness comparison."""
+    root = work / "ssd-tampered-fork"
+    bs = run_x.block_size
+    fork_hit = whole_blocks(len(FORK) - 1, bs)  # FORK's own checkpoint, stored by X
+    _swap_state(root, wanted_position=fork_hit)
+    run = run_engine(work, "Z2", _u_spec(tiny_model, ssm_dtype, root))
+    assert run.returncode == 0, run.log[-4000:]
+    fork = run["FORK"]
+    # U's path: the GPU serves the attention KV of the shared blocks.
+    assert fork["num_cached_tokens"] == fork_hit, fork
+    assert fork["gpu_cached_tokens"] == whole_blocks(2048, bs), fork
+    ok, why = matches_cold(fork, cold["FORK"], tolerance)
+    assert not ok, "a wrong recurrent state under a GPU hit passed the exactness comparison"
     print(f"negative control caught: {why}")
 
 
