@@ -56,3 +56,11 @@ def run_engine(workdir: Path, name: str, spec: dict, timeout: float = 600) -> En
         log_path=str(workdir / f"{name}.log"),
     )
     return EngineRun(code, results, log)
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def ssm_dtype(request) -> str:
+    """The recurrent-state dtype: float32 is what vLLM picks on AVX-512 BF16 CPUs (384-token
+    blocks here), bfloat16 gives 256-token blocks. Machines differ: every module that asks
+    for it runs at both, and derives its expectations from the engine's real block size."""
+    return request.param

@@ -35,11 +35,6 @@ def _req(name, parts, max_tokens=4):
     return dict(name=name, parts=parts, max_tokens=max_tokens)
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def ssm_dtype(request) -> str:
-    return request.param
-
-
 @pytest.fixture(scope="module")
 def work(tmp_path_factory, ssm_dtype):
     return tmp_path_factory.mktemp(f"cap-{ssm_dtype}")

@@ -68,11 +68,6 @@ def _req(name, prompt, max_tokens=4):
     return dict(name=name, prompt=prompt, max_tokens=max_tokens)
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def ssm_dtype(request) -> str:
-    return request.param
-
-
 @pytest.fixture(scope="module")
 def work(tmp_path_factory, ssm_dtype) -> Path:
     return tmp_path_factory.mktemp(f"e2e-{ssm_dtype}")

@@ -49,11 +49,6 @@ def _engine(model, ssm_dtype, **spec) -> dict:
     return dict(model=model, num_gpu_blocks=96, max_model_len=16896, ssm_dtype=ssm_dtype, **spec)
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def ssm_dtype(request) -> str:
-    return request.param
-
-
 @pytest.fixture(scope="module")
 def work(tmp_path_factory, ssm_dtype):
     return tmp_path_factory.mktemp(f"history-{ssm_dtype}")
