@@ -308,18 +308,33 @@ class Evictor:
 
     def _kv_on_ssd(self, e: Entry) -> bool:
         """Whether every KV chunk before checkpoint e is on SSD (written: a move queued in
-        the same pass waits for the next, so the manifest's chunks land first)."""
+        the same pass waits for the next, so the manifest's chunks land first).
+
+        A failed check remembers where it stopped and the next one resumes there, so a
+        checkpoint waiting for its KV costs little per pass. The chunks below that point
+        can give up their SSD copies meanwhile (backups go first under SSD pressure), so
+        a resumed check that succeeds is confirmed by a whole walk before e moves."""
+        x = self.blocker.pop(e, None)
+        stop = self._first_kv_off_ssd(x) if x is not None else None
+        if stop is None:  # no earlier check, or its part of the path is on SSD now
+            stop = self._first_kv_off_ssd(e.node)
+        if stop is None:
+            return True
+        if len(self.blocker) > 4 * len(self.index.entries) + 1024:
+            self.blocker.clear()  # entries gone since: rebuilt on demand
+        self.blocker[e] = stop
+        return False
+
+    @staticmethod
+    def _first_kv_off_ssd(x: Node | None) -> Node | None:
+        """The first node from x up to the root with a KV chunk not on SSD, or None."""
         ssd = TIER_BIT[MANAGED[1]]
-        x = self.blocker.pop(e, None) or e.node
         while x is not None:
             for k in x.kv.values():
                 if not k.resident & ssd:
-                    if len(self.blocker) > 4 * len(self.index.entries) + 1024:
-                        self.blocker.clear()  # entries gone since: rebuilt on demand
-                    self.blocker[e] = x
-                    return False
+                    return x
             x = x.parent
-        return True
+        return None
 
     def next_unit(self, t: int, aside: list) -> tuple[Node, float, list[Entry]] | None:
         """Stage 2: the evictable unit with the lowest H that has bytes in tier t."""
