@@ -92,11 +92,15 @@ class HungStore(SSDStore):
         super().__init__(*a, **k)
         self.release = threading.Event()
         self.entered = threading.Event()
+        self.returned = threading.Event()
 
     def read_chunk(self, key, out):
         self.entered.set()
         self.release.wait(30)
-        return super().read_chunk(key, out)
+        try:
+            return super().read_chunk(key, out)
+        finally:
+            self.returned.set()
 
 
 def test_hung_read_times_out_and_never_writes_the_blocks_afterwards(tmp_path):
@@ -114,7 +118,8 @@ def test_hung_read_times_out_and_never_writes_the_blocks_afterwards(tmp_path):
     # The block now belongs to another request; the read finally returns.
     pages[3] = 7
     store.release.set()
-    time.sleep(0.3)
+    assert store.returned.wait(10)  # the late read is done, and must have written nothing
+    time.sleep(0.05)
     assert bool((pages[3] == 7).all())
     # Later reads run on a fresh thread and buffer.
     w.submit_load(2, HiStateLoadSpec(slots=[-1], keys=[k], is_state=[False]), gpu_spec([4]))
@@ -134,12 +139,12 @@ def test_flush_wait_cancels_a_hung_read_before_returning(tmp_path):
     store.write_chunk(k, make_payload(KEY_BYTES, "k"), provenance="p")
     w, pages = make_worker(store, timeout=0.2)
     w.submit_load(1, HiStateLoadSpec(slots=[-1], keys=[k], is_state=[False]), gpu_spec([3]))
-    t0 = time.monotonic()
     w.wait({1})  # vLLM then reuses the blocks
-    assert time.monotonic() - t0 < 5
+    assert not store.returned.is_set()  # returned with the read still hung
     pages[3] = 7
     store.release.set()
-    time.sleep(0.3)
+    assert store.returned.wait(10)  # the late read is done, and must have written nothing
+    time.sleep(0.05)
     assert bool((pages[3] == 7).all())
     assert [(r.job_id, r.success) for r in w.get_finished()] == [(1, False)]
     w.shutdown()

@@ -73,14 +73,14 @@ def fabricate(store: SSDStore, n_ckpt: int, n_chunks: int, refs: int) -> None:
             f.write(encode_manifest(m))
 
 
-def test_scan_10k_checkpoints_under_one_second(tmp_path):
+def test_scan_of_10k_checkpoints_opens_manifests_only(tmp_path, monkeypatch):
     try:
-        _scan_10k(tmp_path)
+        _scan_10k(tmp_path, monkeypatch)
     finally:  # 30k files: do not leave them for pytest's next start to delete
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def _scan_10k(tmp_path):
+def _scan_10k(tmp_path, monkeypatch):
     store = SSDStore(tmp_path, IDENTITY, budget_bytes=1 << 40, fsync=False)
     fabricate(store, N_CHECKPOINTS, N_CHUNKS, REFS)
     # A few through the real API, to show the fabricated files are the real format.
@@ -93,21 +93,26 @@ def _scan_10k(tmp_path):
         provenance="real",
     )
     reopened = SSDStore(tmp_path, IDENTITY, budget_bytes=1 << 40)
-    best_wall = best_cpu = float("inf")
-    for _ in range(3):
-        wall, cpu = time.perf_counter(), time.process_time()
-        index = reopened.scan()
-        best_wall = min(best_wall, time.perf_counter() - wall)
-        best_cpu = min(best_cpu, time.process_time() - cpu)
-    print(
-        f"scan of {len(index.checkpoints)} checkpoints: {best_wall:.3f} s wall, "
-        f"{best_cpu:.3f} s cpu"
-    )
+    # Start-up cost is what the scan opens: one manifest per checkpoint, never a
+    # payload. Its speed is measured in benchmarks, not asserted here.
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording_open(path, *args, **kwargs):
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    wall, cpu = time.perf_counter(), time.process_time()
+    index = reopened.scan()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    monkeypatch.setattr(os, "open", real_open)
+    print(f"scan of {len(index.checkpoints)} checkpoints: {wall:.3f} s wall, {cpu:.3f} s cpu")
     assert len(index.checkpoints) == N_CHECKPOINTS + 1
     assert index.skipped == [] and index.orphans == []
     assert len(index.chunks) == N_CHUNKS + 1
-    # CPU time: the machine is shared with a running engine, wall time is noise.
-    assert best_cpu < 1.0
+    manifests = {reopened.layout.manifest_path(k) for k in index.checkpoints}
+    assert sorted(opened) == sorted(manifests)
     info = index.checkpoints[make_key("big-ckpt5", 1)]
     assert info.position == 5 * 528 and len(info.chunk_keys) == REFS
     assert info.nbytes == HEADER_BYTES + 64 + os.path.getsize(

@@ -185,8 +185,14 @@ def test_lock_waits_for_a_predecessor_that_is_exiting(tmp_path):
     import time
 
     first = DirLock(str(tmp_path))
-    threading.Timer(0.3, first.release).start()
-    t0 = time.monotonic()
+    released = threading.Event()
+
+    def exit_later():
+        time.sleep(0.3)
+        released.set()  # before the release, so a waiter that got in early sees it unset
+        first.release()
+
+    threading.Thread(target=exit_later).start()
     second = DirLock(str(tmp_path), wait_s=10)
-    assert 0.2 < time.monotonic() - t0 < 5
+    assert released.is_set()  # it waited for the predecessor rather than taking over
     second.release()
