@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="option of HiState's policy core, e.g. tau=3600 (repeatable)")
     s.add_argument("--concurrency", type=int, default=24,
                    help="live main sessions (default 24, the paper's session concurrency)")
+    s.add_argument("--concurrent-prefills", type=int, default=1, metavar="K",
+                   help="prefills that advance together (default 1: vLLM's FCFS, a long "
+                        "prefill holds every request behind it; K: vLLM with "
+                        "--long-prefill-token-threshold = max_num_batched_tokens / K)")
     s.add_argument("--gap", choices=["arrival", "think"], default=None,
                    help="gap before a session's next request, counted from the end of the "
                         "previous one: 'arrival' = recorded arrival gap t[k+1]-t[k] "
@@ -192,7 +196,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         replay=ReplaySettings(concurrency=a.concurrency, seed=a.seed, ramp=ramp,
                               gap=a.gap, max_delay=a.max_delay, time_scale=a.time_scale,
                               max_context=a.max_context, think_scale=a.think_scale,
-                              max_think=a.max_think),
+                              max_think=a.max_think,
+                              concurrent_prefills=a.concurrent_prefills),
     )
     extra = {"inputs": a.traces, "synth": a.synth, "format": a.format,
              "command": " ".join(["python -m trace_replay", *sys.argv[1:]])}

@@ -15,8 +15,10 @@ would have spawned from then on are not replayed either (`limit_context`).
 
 Each request: arrival -> restore (one host-to-device link, FIFO; SSD reads add their own
 time, paper eq. 2) -> prefill (one compute queue, FIFO, i.e. vLLM's FCFS scheduler with the
-GPU saturated by one prefill at a time) -> first token (TTFT = now - arrival, queueing
-included) -> decode (output_tokens steps; decode does not hold the prefill queue).
+GPU saturated by one prefill at a time; or, with `concurrent_prefills` k > 1, up to k
+prefills sharing the GPU as vLLM's long_prefill_token_threshold lets them: compute.py) ->
+first token (TTFT = now - arrival, queueing included) -> decode (output_tokens steps;
+decode does not hold the prefill queue).
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ from ..costmodel import CostModel
 from msgspec.structs import replace as replace_struct
 
 from ..model import Session, Workload
+from .compute import SharedPrefill
 from .job import Job
 
 if TYPE_CHECKING:
     from ..policies.base import SimPolicy
 
-_ARRIVE, _LOADED, _PREFILLED, _FINISHED = 0, 1, 2, 3
+_ARRIVE, _LOADED, _PREFILLED, _FINISHED, _WAKE = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,9 @@ class ReplaySettings:
     max_context: int | None = None
     think_scale: float = 1.0  # "think" gaps only (older option; time_scale applies on top)
     max_think: float | None = None  # "think" gaps only: cap on one think/tool gap, s
+    # Prefills that advance together (compute.py): 1 = vLLM's default FCFS, k = vLLM with
+    # long_prefill_token_threshold = max_num_batched_tokens / k.
+    concurrent_prefills: int = 1
 
     def resolved(self, workload: Workload) -> ReplaySettings:
         recorded = workload.arrivals == "recorded"
@@ -72,6 +78,8 @@ class ReplaySettings:
             max_delay = DEFAULT_MAX_DELAY if recorded else math.inf
         if max_delay <= 0 or self.time_scale < 0:
             raise ValueError("max_delay must be > 0 (inf: no cap) and time_scale >= 0")
+        if self.concurrent_prefills < 1:
+            raise ValueError(f"concurrent_prefills must be >= 1, got {self.concurrent_prefills}")
         return replace(self, gap=gap, max_delay=max_delay)
 
 
@@ -221,6 +229,14 @@ class Simulator:
             push(r.sessions[s].start + ramp, _ARRIVE, (s, 0))
         link_free = 0.0
         gpu_free = 0.0
+        shared = SharedPrefill(st.concurrent_prefills) if st.concurrent_prefills > 1 else None
+
+        def prefilled_now(done: list) -> None:
+            for p in done:
+                push(clock.now, _PREFILLED, p)
+            t = shared.next_completion()
+            if t is not None:
+                push(t, _WAKE, shared.version)
         done = 0
         t0 = time.perf_counter()
         while heap:
@@ -245,9 +261,16 @@ class Simulator:
             if kind == _LOADED:
                 s, k, job = payload
                 policy.loaded(job)
+                work = cost.prefill_time(job.resume, job.input_tokens)
+                if shared is not None:
+                    prefilled_now(shared.add(now, work, payload))
+                    continue
                 start = max(now, gpu_free)
-                gpu_free = start + cost.prefill_time(job.resume, job.input_tokens)
+                gpu_free = start + work
                 push(gpu_free, _PREFILLED, payload)
+            elif kind == _WAKE:
+                if payload == shared.version:  # else the active set changed since
+                    prefilled_now(shared.wake(now))
             elif kind == _PREFILLED:
                 s, k, job = payload
                 rid = job.rid
