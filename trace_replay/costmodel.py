@@ -197,8 +197,14 @@ class CostModel:
         return max(self.prefill_flops(start, end) / self._rate, self.tpot)
 
     def load_time(self, dram_bytes: float, ssd_bytes: float) -> float:
-        d = self.device
-        return dram_bytes / d.h2d_bw + ssd_bytes / d.ssd_bw + ssd_bytes / d.h2d_bw
+        """One restore alone: the SSD read, then every byte over the host-to-device link."""
+        return self.ssd_read_time(ssd_bytes) + self.h2d_time(dram_bytes + ssd_bytes)
+
+    def ssd_read_time(self, ssd_bytes: float) -> float:
+        return ssd_bytes / self.device.ssd_bw
+
+    def h2d_time(self, nbytes: float) -> float:
+        return nbytes / self.device.h2d_bw
 
     def decode_time(self, output_tokens: int) -> float:
         return max(output_tokens - 1, 0) * self.tpot

@@ -77,3 +77,42 @@ def test_every_request_completes_once():
     clock = SimClock()
     assert clock() == 0.0
     assert isinstance(Simulator, type)
+
+
+
+class _Scripted:
+    """A policy that restores given (DRAM, SSD) bytes per session, to time the queues."""
+
+    name = "scripted"
+
+    def __init__(self, by_session: dict[str, tuple[float, float]]):
+        self.by_session = by_session
+
+    def lookup(self, job):
+        job.dram_bytes, job.ssd_bytes = self.by_session[job.req.session_id]
+
+    def loaded(self, job):
+        pass
+
+    prefilled = finished = loaded
+
+    def stats(self):
+        return {}
+
+
+def test_an_ssd_read_does_not_hold_the_link_for_a_later_dram_restore():
+    from trace_replay.simulate import prepare
+
+    wl = workload(SessionBuilder("A").turn(1000), SessionBuilder("B", start=0.01).turn(1000))
+    prep = prepare(wl, SimConfig(replay=ReplaySettings(concurrency=24)))
+    cost = prep.config.cost()
+    ssd, dram = 10e9, 2e9  # A reads 10 GB from SSD (2 s at 5 GB/s); B copies 2 GB from DRAM
+    policy = _Scripted({"A": (0.0, ssd), "B": (dram, 0.0)})
+    res = Simulator(prep.replay, cost, policy, SimClock()).run()
+    a, b = (prep.replay.requests.index(r) for r in
+            sorted(prep.replay.requests, key=lambda r: r.session_id))
+    pf = cost.prefill_time(0, 1000)
+    # B: its copy, then its prefill; A: its read and copy (a restore alone), its prefill.
+    assert res.ttft[b] == pytest.approx(cost.h2d_time(dram) + pf, rel=1e-6)
+    assert res.ttft[a] == pytest.approx(cost.load_time(0.0, ssd) + pf, rel=1e-6)
+    assert cost.ssd_read_time(ssd) > 1.0  # B would have waited that long behind A before

@@ -13,12 +13,14 @@ has an api_time, so it overstates gaps). A context limit ends a session at its f
 longer than it (kv-cache-tester's --max-context: the user is "truncated"); the subagents it
 would have spawned from then on are not replayed either (`limit_context`).
 
-Each request: arrival -> restore (one host-to-device link, FIFO; SSD reads add their own
-time, paper eq. 2) -> prefill (one compute queue, FIFO, i.e. vLLM's FCFS scheduler with the
-GPU saturated by one prefill at a time; or, with `concurrent_prefills` k > 1, up to k
-prefills sharing the GPU as vLLM's long_prefill_token_threshold lets them: compute.py) ->
-first token (TTFT = now - arrival, queueing included) -> decode (output_tokens steps;
-decode does not hold the prefill queue).
+Each request: arrival -> restore (SSD reads first, on one drive, FIFO; then every restored
+byte over one host-to-device link, FIFO, which an SSD read does not hold, as HiState's
+worker reads on its own threads: alone, a restore takes the read plus the copy, paper eq. 2)
+-> prefill (one compute queue, FIFO, i.e. vLLM's FCFS scheduler with the GPU saturated by
+one prefill at a time; or, with `concurrent_prefills` k > 1, up to k prefills sharing the
+GPU as vLLM's long_prefill_token_threshold lets them: compute.py) -> first token (TTFT =
+now - arrival, queueing included) -> decode (output_tokens steps; decode does not hold the
+prefill queue).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from .job import Job
 if TYPE_CHECKING:
     from ..policies.base import SimPolicy
 
-_ARRIVE, _LOADED, _PREFILLED, _FINISHED, _WAKE = 0, 1, 2, 3, 4
+_ARRIVE, _LOADED, _PREFILLED, _FINISHED, _WAKE, _READ = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +230,7 @@ class Simulator:
             ramp = st.ramp * i / first if first else 0.0
             push(r.sessions[s].start + ramp, _ARRIVE, (s, 0))
         link_free = 0.0
+        ssd_free = 0.0
         gpu_free = 0.0
         shared = SharedPrefill(st.concurrent_prefills) if st.concurrent_prefills > 1 else None
 
@@ -251,13 +254,17 @@ class Simulator:
                 policy.lookup(job)
                 for delay, child in r.spawn.get((s, k), ()):
                     push(now + spawn_delay(delay), _ARRIVE, (child, 0))
-                load = cost.load_time(job.dram_bytes, job.ssd_bytes)
-                if load > 0:
-                    start = max(now, link_free)
-                    link_free = start + load
-                    push(link_free, _LOADED, (s, k, job))
+                if job.ssd_bytes > 0:  # the drive first; the link is not held meanwhile
+                    ssd_free = max(now, ssd_free) + cost.ssd_read_time(job.ssd_bytes)
+                    push(ssd_free, _READ, (s, k, job))
                     continue
-                kind, payload = _LOADED, (s, k, job)
+                kind, payload = (_READ if job.dram_bytes > 0 else _LOADED), (s, k, job)
+            if kind == _READ:
+                job = payload[2]
+                start = max(now, link_free)
+                link_free = start + cost.h2d_time(job.dram_bytes + job.ssd_bytes)
+                push(link_free, _LOADED, payload)
+                continue
             if kind == _LOADED:
                 s, k, job = payload
                 policy.loaded(job)
