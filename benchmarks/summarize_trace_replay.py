@@ -2,8 +2,8 @@
 
     python benchmarks/summarize_trace_replay.py RESULTS_DIR > tables.md
 
-RESULTS_DIR holds weka-paper-sS.json, weka-raw-sS.json, mut-pP-sS.json and tl-sS.json
-(the commands are in results_trace_replay.md).
+RESULTS_DIR holds weka-paper-sS.json, weka-shared4-sS.json, weka-raw-sS.json,
+mut-pP-sS.json and tl-sS.json (benchmarks/trace_replay_all.sh writes them).
 """
 
 from __future__ import annotations
@@ -165,11 +165,13 @@ def mutation(d: Path) -> str:
 
 def main() -> None:
     d = Path(sys.argv[1])
-    for kind in ("paper", "raw"):
+    titles = {"paper": "paper-like replay", "shared4": "paper-like replay, 4 prefills at once",
+              "raw": "raw replay"}
+    for kind, title in titles.items():
         reps = load(d, f"weka-{kind}-s*.json")
         if not reps:
             continue
-        print(f"### Weka, {kind} replay\n")
+        print(f"### Weka, {title}\n")
         print(f"Seed 0, all policies:\n\n{full_table(reps[f'weka-{kind}-s0'])}\n")
         print(f"{len(reps)} admission orders:\n\n{seeds_table(reps)}\n")
         print(f"Target check (p99 at or below every baseline and variant):\n\n{target(reps)}\n")

@@ -5,7 +5,7 @@
 #
 # WEKA_DIR: a folder of Weka traces (../shared/traces/weka, or any other set: nothing here
 # is tuned to particular traces). Seeds are admission orders 0..N-1 (defaults 10 and 5).
-# Wall time on a 2-core machine: about 1 minute per Weka run, 35 minutes in all.
+# Wall time on a 2-core machine: about 1 minute per Weka run, 40 minutes in all.
 set -euo pipefail
 weka=${1:?WEKA_DIR}; out=${2:?OUT_DIR}; paper=${3:-10}; raw=${4:-5}
 cd "$(dirname "$0")/.."
@@ -14,6 +14,11 @@ mkdir -p "$out"
 sim() { "$py" -m trace_replay simulate --jobs 1 --no-progress "$@" >/dev/null; }
 for ((s = 0; s < paper; s++)); do
     sim "$weka" --format weka --seed "$s" --json "$out/weka-paper-s$s.json"
+done
+# The same with vLLM's long_prefill_token_threshold set so 4 prefills advance together.
+for ((s = 0; s < paper; s++)); do
+    sim "$weka" --format weka --seed "$s" --concurrent-prefills 4 \
+        --json "$out/weka-shared4-s$s.json"
 done
 for ((s = 0; s < raw; s++)); do
     sim "$weka" --format weka --seed "$s" --max-delay none --max-context 0 \
