@@ -45,9 +45,8 @@ class SharedPrefill:
 
     def add(self, now: float, seconds: float, payload) -> list:
         """A prefill of `seconds` of GPU time joins the queue; returns prefills finished."""
-        done = self._advance(now)
-        self.waiting.append([max(seconds, 0.0), payload])
-        done += self._advance(now)  # a zero-length prefill, or a free place, takes effect now
+        self.waiting.append([max(seconds, 0.0), payload])  # behind the others, not yet run
+        done = self._advance(now)  # a free place, or a zero-length prefill, takes effect now
         self.version += 1
         return done
 

@@ -44,7 +44,7 @@ from .job import Job
 if TYPE_CHECKING:
     from ..policies.base import SimPolicy
 
-_ARRIVE, _LOADED, _PREFILLED, _FINISHED, _WAKE, _READ = 0, 1, 2, 3, 4, 5
+_ARRIVE, _LOADED, _PREFILLED, _FINISHED, _WAKE, _COPY = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,10 +256,10 @@ class Simulator:
                     push(now + spawn_delay(delay), _ARRIVE, (child, 0))
                 if job.ssd_bytes > 0:  # the drive first; the link is not held meanwhile
                     ssd_free = max(now, ssd_free) + cost.ssd_read_time(job.ssd_bytes)
-                    push(ssd_free, _READ, (s, k, job))
+                    push(ssd_free, _COPY, (s, k, job))  # read done: copy
                     continue
-                kind, payload = (_READ if job.dram_bytes > 0 else _LOADED), (s, k, job)
-            if kind == _READ:
+                kind, payload = (_COPY if job.dram_bytes > 0 else _LOADED), (s, k, job)
+            if kind == _COPY:  # the restored bytes over the host-to-device link
                 job = payload[2]
                 start = max(now, link_free)
                 link_free = start + cost.h2d_time(job.dram_bytes + job.ssd_bytes)
