@@ -12,7 +12,8 @@ tokens its blocks hold (it depends on the machine: 256 or 384 for the tiny model
 "prompt_block_size", so an engine with other blocks gets the same prompts).
 "warmup": N runs two untimed N-token prompts first (N above the chunk size), so the first
 timed turn does not pay for the engine's warm-up. OUT: the engine's block size and block count, and per request the
-cached tokens vLLM reports, greedy tokens, their logprobs and the time to first token.
+cached tokens vLLM reports (and of those, the GPU's and the connector's per tier), greedy
+tokens, their logprobs and the time to first token.
 
 Each engine runs in its own process (vLLM spawns workers and keeps global state), so the
 demo and the tests restart an engine over the same SSD directory exactly as a user would.
@@ -111,6 +112,22 @@ def _gpu_hits(llm) -> int:
     """Tokens vLLM's GPU prefix cache has served so far (its prefix_cache_hits counter)."""
     return int(sum(m.value for m in llm.get_metrics()
                    if m.name == "vllm:prefix_cache_hits" and hasattr(m, "value")))
+
+
+def _restored(llm) -> dict[str, int]:
+    """Tokens the connector has restored so far, per tier (its histate_restored_tokens
+    counter; vLLM's get_metrics lists only its own)."""
+    from prometheus_client import REGISTRY
+
+    out: dict[str, int] = {}
+    for metric in REGISTRY.collect():
+        if metric.name != "histate_restored_tokens":
+            continue
+        for s in metric.samples:
+            if s.name.endswith("_total"):
+                tier = s.labels.get("tier", "")
+                out[tier] = out.get(tier, 0) + int(s.value)
+    return out
 
 
 def flood_prompts(name: str, total_tokens: int, prompt_tokens: int) -> list[tuple[str, list[int]]]:
@@ -219,12 +236,14 @@ def main(spec_path: str, out_path: str) -> None:
         batch = req.get("batch") or [req]
         sps = [SamplingParams(max_tokens=r.get("max_tokens", 4), temperature=0, logprobs=1)
                for r in batch]
-        gpu_before = _gpu_hits(llm)
+        gpu_before, restored_before = _gpu_hits(llm), _restored(llm)
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt"]) for r in batch], sps,
                             use_tqdm=False)
         wall = time.perf_counter() - t0
         gpu_hits = _gpu_hits(llm) - gpu_before
+        restored = {t: n - restored_before.get(t, 0) for t, n in _restored(llm).items()
+                    if n > restored_before.get(t, 0)}
         for r, out in zip(batch, outs):
             completion = out.outputs[0]
             metrics = out.metrics
@@ -238,6 +257,8 @@ def main(spec_path: str, out_path: str) -> None:
                     # Of those, served by the GPU prefix cache (for a batch: all of its
                     # requests together, under the batch's name).
                     **({"gpu_cached_tokens": gpu_hits} if len(batch) == 1 else {}),
+                    # Restored by the connector, per tier ({} for a batch, as above).
+                    **({"restored": restored} if len(batch) == 1 else {}),
                     token_ids=list(completion.token_ids),
                     logprobs=[lp[tok].logprob
                               for tok, lp in zip(completion.token_ids, completion.logprobs)],
