@@ -100,8 +100,6 @@ class HiStateManager(OffloadingManager):
         self._ssd_ops: list[SSDDelete | SSDReset] = []
         # Writes in flight at a connector reset: their outcome no longer counts.
         self._void_writes: set[bytes] = set()
-        # Requests with a load that failed on some rank, until they finish.
-        self._failed_loads: set[str] = set()
         self.store_lock = store_lock
         self.observer = Observer(self)  # metrics, summary line, event log
         if store is not None:
@@ -169,7 +167,6 @@ class HiStateManager(OffloadingManager):
         self._requests.pop(req_context.req_id, None)
         self.observer.request_finished(req_context.req_id)
         self.orch.request_finished(req_context.req_id)
-        self._failed_loads.discard(req_context.req_id)
 
     # --- lookup and load ---
 
@@ -181,20 +178,15 @@ class HiStateManager(OffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> HiStateLoadSpec:
         keys = list(keys)
-        slots, is_state, fill = self.orch.prepare_load(keys, req_context.req_id)
+        slots, is_state = self.orch.prepare_load(keys)
         self.observer.load_issued(req_context.req_id, keys, slots)
-        if not any(f >= 0 for f in fill):
-            fill = []
-        return HiStateLoadSpec(slots=slots, keys=keys, is_state=is_state, fill=fill)
+        return HiStateLoadSpec(slots=slots, keys=keys, is_state=is_state)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.orch.touch(keys)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        # A failed load (vLLM recomputes) leaves nothing promoted: on some rank the read
-        # may not have filled its slot.
-        self.orch.complete_load(keys, req_context.req_id,
-                                ok=req_context.req_id not in self._failed_loads)
+        self.orch.complete_load(keys)
         self.observer.load_done(req_context.req_id)
 
     # --- store ---
@@ -304,8 +296,6 @@ class HiStateManager(OffloadingManager):
                           ) -> None:
         """Loads the worker could not complete (vLLM recomputes those requests); `lost`:
         keys it found corrupt or missing on SSD in the same step."""
-        request_ids = set(request_ids)
-        self._failed_loads.update(request_ids)
         self.observer.load_failed(request_ids, lost)
 
     def get_stats(self):

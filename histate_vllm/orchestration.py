@@ -142,11 +142,8 @@ class Orchestrator:
         self._reserved: dict[bytes, int] = {}
         # DRAM copies the policy moved to SSD, to be copied from their slots.
         self._spills: list[SSDWrite] = []
-        # KV chunks being read from SSD into a DRAM slot (promotion): key -> the request
-        # whose load reads it.
-        self._promoting: dict[bytes, int] = {}
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0,
-                      "ssd_state_skips": 0, "promotions": 0}
+                      "ssd_state_skips": 0}
         # Called with every batch of policy events drained (metrics, the event log).
         self.on_events: Callable[[list], None] | None = None
 
@@ -244,88 +241,23 @@ class Orchestrator:
         entry = self.entries.get(key)
         return entry is not None and entry.slot >= 0 and entry.dram_ready
 
-    def prepare_load(self, keys: list[bytes], owner: str = "", promote: bool = True
-                     ) -> tuple[list[int], list[bool], list[int]]:
-        """Pin and hit the keys. Per key: its DRAM slot (-1: read it from SSD), its kind,
-        and for a KV chunk read from SSD the DRAM slot the read fills on the way (-1: none).
-
-        Promotion: a chunk read from SSD is hot again, and without a DRAM copy every later
-        restore of it reads the SSD again (vLLM never offers a chunk it loaded back to the
-        manager). The policy admits a DRAM copy into room it can make by dropping DRAM
-        copies SSD also holds (never a move to SSD: a promotion adds no SSD writes and
-        deletes nothing); the copy becomes readable when the load of `owner` (the
-        request) completes with ok=True, and the SSD copy stays as its backup. Checkpoints are not promoted: historical ones live
-        on SSD, and a restore leaves a new terminal one behind."""
+    def prepare_load(self, keys: list[bytes]) -> tuple[list[int], list[bool]]:
+        """Pin and hit the keys; per key its DRAM slot (-1: read it from SSD) and kind."""
         slots, is_state = [], []
-        entries = self.entries
         for key in keys:
-            entry = entries[key]
+            entry = self.entries[key]
             assert entry.readable, "prepare_load of a key lookup() did not report"
             slots.append(entry.slot if entry.slot >= 0 and entry.dram_ready else -1)
             is_state.append(entry.is_state)
-        self.policy.pin(keys)  # before promotions evict: nothing this load reads may go
+        self.policy.pin(keys)
         self.policy.hit(keys)
-        fill = [-1] * len(keys)
-        if promote and self.has_ssd:
-            want = {key: i for i, key in enumerate(keys)
-                    if slots[i] < 0 and not is_state[i] and entries[key].slot < 0}
-            if want:
-                for key, slot in self._promote(list(want), owner):
-                    fill[want[key]] = slot
-        return slots, is_state, fill
-
-    def _promote(self, keys: list[bytes], owner: str) -> list[tuple[bytes, int]]:
-        items = {}
-        for key in keys:
-            entry = self.entries[key]
-            items[key] = Item(key=key, node=key[:-4], parent=None, kind=Kind.KV,
-                              position=entry.position, nbytes=entry.nbytes)
-        admission = self.policy.admit(list(items.values()), Tier.DRAM, promote=True)
-        if admission is None:
-            return []
-        self._take_spills(admission.spill)
-        self._apply_evictions(admission.evict)
-        out = []
-        for key, slot in self._fit_slots(list(admission.accepted), items):
-            entry = self.entries.get(key)
-            if entry is None or not entry.on_ssd:  # the source went with the evictions
-                self.pool.free(slot, items[key].nbytes)
-                self.policy.committed(key, Tier.DRAM, False)
-                continue
-            entry.slot, entry.dram_ready = slot, False
-            self._promoting[key] = owner
-            out.append((key, slot))
-        self.stats["promotions"] += len(out)
-        return out
+        return slots, is_state
 
     def touch(self, keys: Iterable[bytes]) -> None:
         self.policy.hit([k for k in keys if k in self.entries])
 
-    def complete_load(self, keys: Iterable[bytes], owner: str = "", ok: bool = True) -> None:
-        """`owner`'s load finished (ok=False: it failed, vLLM recomputes). Its promoted
-        copies become readable, or give their slots back."""
-        keys = list(keys)
-        self.policy.unpin(keys)
-        if not self._promoting:
-            return
-        stored = []
-        for key in keys:
-            if self._promoting.get(key) != owner:
-                continue  # not promoted, or by another request's read
-            del self._promoting[key]
-            entry = self.entries.get(key)
-            if entry is None or entry.slot < 0:
-                continue
-            if ok and not entry.forget_dram:
-                entry.dram_ready = True
-                self.policy.committed(key, Tier.DRAM, True)
-                stored.append(key)
-            else:
-                entry.forget_dram = False
-                self.policy.committed(key, Tier.DRAM, False)
-                self._release_slot(key, entry)
-        if stored and self.on_dram is not None:
-            self.on_dram(stored, False)
+    def complete_load(self, keys: Iterable[bytes]) -> None:
+        self.policy.unpin(list(keys))
 
     # --- store ---
 
@@ -599,9 +531,6 @@ class Orchestrator:
 
     def reset_cache(self) -> None:
         for key, entry in list(self.entries.items()):
-            if key in self._promoting:  # a read still fills the slot: freed by complete_load
-                entry.forget_dram = True
-                self.policy.remove(key, Tier.DRAM, "reset_cache")
-            elif entry.slot >= 0 and not entry.ssd_pending:
+            if entry.slot >= 0 and not entry.ssd_pending:
                 self._release_slot(key, entry)
                 self.policy.remove(key, Tier.DRAM, "reset_cache")

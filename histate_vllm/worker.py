@@ -170,9 +170,6 @@ class HiStateWorker(OffloadingWorker):
 
         Nothing restored here can run before the whole job reports success: on failure
         vLLM recomputes the request and zeroes the blocks it had allocated for the load.
-        A key with a `fill` slot (promotion) is also copied into that DRAM slot, from the
-        verified staging row and under the job's lock, so a read left behind by a timeout
-        never writes a slot the scheduler has given back.
         Once the job is cancelled (timed out) its blocks may belong to another request, so
         every copy into them is queued under the job's lock, after checking the flag."""
         stream, store = self._load_stream, self.store
@@ -200,20 +197,10 @@ class HiStateWorker(OffloadingWorker):
         for event in filled:
             if event is not None:
                 event.synchronize()
-        fill = src.fill or ()
-        pool = self._dram_np
         for j, _ in store.read_many(reads, ahead=self.read_ahead, executor=io):
-            g, block, i = on_ssd[j]
-            row = j % ring
-            batch = self.copier.batch([(g, [block], [row])], staging.tensor, to_host=False)
-            slot = fill[i] if fill else -1
-
-            def launch(batch=batch, row=row, slot=slot):
-                if slot >= 0:  # promotion: a verified copy for the DRAM slot too
-                    pool[slot] = staging.array[row]
-                return stream.launch(batch, after=after)
-
-            filled[row] = job.queue(launch)
+            g, block, _ = on_ssd[j]
+            batch = self.copier.batch([(g, [block], [j % ring])], staging.tensor, to_host=False)
+            filled[j % ring] = job.queue(lambda: stream.launch(batch, after=after))
             nbytes += batch.nbytes
             # Read j + read_ahead starts next, into the row of copy j + read_ahead - ring.
             previous = filled[(j + self.read_ahead) % ring]

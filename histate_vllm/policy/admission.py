@@ -87,8 +87,7 @@ class Residency:
         self.index.drop(e)
 
     # -- admission -----------------------------------------------------------------------------
-    def admit(self, items: Sequence[Item], tier: Tier, *, promote: bool = False
-              ) -> Admission | None:
+    def admit(self, items: Sequence[Item], tier: Tier) -> Admission | None:
         if tier not in TIER_BIT:
             raise ValueError(f"tier {tier!r} is not managed; managed: {list(MANAGED)}")
         bit = TIER_BIT[tier]
@@ -142,11 +141,8 @@ class Residency:
             (e.resident | e.pending) & _DRAM and is_backup(e) for e, _, _ in done))
         spilled: list[Entry] = []
         if used[tier] > budget:
-            if promote:  # stage 1 only: drop copies the other tier also holds
-                self._make_room(tier, out.evict, False, None)
-            else:
-                self._make_room(tier, out.evict, units,
-                                spilled if tier is Tier.DRAM and self.budgets[Tier.SSD] else None)
+            self._make_room(tier, out.evict, units,
+                            spilled if tier is Tier.DRAM and self.budgets[Tier.SSD] else None)
             if used[tier] > budget:
                 # Roll back deepest first (a state before the KV of its own block).
                 done.sort(key=_rollback_order)

@@ -24,13 +24,8 @@ class PolicyCore(ABC):
         """Tiers holding a committed copy of `key` (pending writes excluded)."""
 
     @abstractmethod
-    def admit(self, items: Sequence[Item], tier: Tier, *, promote: bool = False
-              ) -> Admission | None:
+    def admit(self, items: Sequence[Item], tier: Tier) -> Admission | None:
         """Decide which of `items` to write into `tier` and what to drop first.
-
-        promote=True: copies of keys a slower tier holds, read from it (a restore from
-        SSD), admitted only into room that dropping copies the slower tier also holds can
-        make: a promotion never deletes data held nowhere else nor writes to that tier.
 
         KV items are taken before STATE items (each by position). Left out of `accepted`,
         each with a REJECT event and reason: a key already held (or pending) in `tier`

@@ -81,10 +81,7 @@ class LRUPolicy(PolicyCore):
             del self._entries[key]
 
     # -- admission ---------------------------------------------------------------------------
-    def admit(self, items: Sequence[Item], tier: Tier, *, promote: bool = False
-              ) -> Admission | None:
-        # Write-through: every DRAM copy is backed on SSD, so any eviction here is a
-        # promotion's stage-1 drop already.
+    def admit(self, items: Sequence[Item], tier: Tier) -> Admission | None:
         if tier not in self.budgets:
             raise ValueError(f"tier {tier!r} is not managed; managed: {list(self.budgets)}")
         budget = self.budgets[tier]

@@ -12,11 +12,6 @@ Engines run in their own processes (see conftest.run_engine):
       attention KV of FORK's first blocks but no state inside them; FORK's own checkpoint
       (X stored it) lies past them: the GPU serves that KV, the connector the rest.
   Z2  U's negative control: FORK's checkpoint replaced by another prefix's state.
-  P   restart over a copy of X's store, roomy DRAM: A3 restores A2's prefix from SSD, which
-      promotes its KV chunks to DRAM; after a flood, PEDIT (a rewrite inside A2) restores
-      that KV from the DRAM copies and only its checkpoint from SSD.
-  Z3  P's negative control: one KV chunk of A1's prefix replaced by another prefix's
-      (re-checksummed, manifests republished, so everything verifies).
   C1  cold reference, prefix caching off, 2048-token chunks.
   C2  cold reference, prefix caching off, 512-token chunks: the engine's own
       chunk-to-chunk variation, which sets the logprob tolerance.
@@ -43,7 +38,7 @@ pytestmark = pytest.mark.engine
 
 MiB = 1 << 20
 GPU_BLOCKS = 64
-Y_SSD_BYTES = 32 * MiB  # the restart's budget, half of X's: re-admission must evict
+Y_SSD_BYTES = 48 * MiB  # the restart's budget, below X's: Y's own writes must evict
 FLOOD = dict(flood=1.25, prompt_tokens=3000)  # 1.25x the GPU cache, in fresh 3000-token prompts
 rng = random.Random(1234)
 
@@ -61,8 +56,7 @@ B1 = _tokens(3000)
 B2 = B1 + _tokens(40) + _tokens(264)
 S1 = _tokens(500)  # one whole block at either block size: a one-block checkpoint
 S2 = S1 + _tokens(40) + _tokens(200)
-PEDIT = A2[:2600] + _tokens(300)  # another rewrite at the same place, after a restart
-CHECKED = {"A2": A2, "FORK": FORK, "EDIT": EDIT, "A3": A3, "B2": B2, "S2": S2, "PEDIT": PEDIT}
+CHECKED = {"A2": A2, "FORK": FORK, "EDIT": EDIT, "A3": A3, "B2": B2, "S2": S2}
 
 
 def whole_blocks(tokens: int, block_size: int) -> int:
@@ -99,7 +93,9 @@ def run_v(tiny_model, ssm_dtype, work):
 def run_x(tiny_model, ssm_dtype, work):
     spec = _engine(
         tiny_model, ssm_dtype, dense_states=True, by_name=True,
-        connector=dict(dram_bytes=16 * MiB, ssd_dir=str(work / "ssd"), ssd_bytes=64 * MiB),
+        # A1 and the flood fit at either block size (at 384 tokens 16 MiB did not: A1's
+        # KV moved to SSD, and "A2 restores from DRAM" was mostly an SSD restore).
+        connector=dict(dram_bytes=64 * MiB, ssd_dir=str(work / "ssd"), ssd_bytes=64 * MiB),
         requests=X_REQUESTS,
     )
     run = run_engine(work, "X", spec)
@@ -108,8 +104,6 @@ def run_x(tiny_model, ssm_dtype, work):
     shutil.copytree(work / "ssd", work / "ssd-tampered")
     shutil.copytree(work / "ssd", work / "ssd-tampered-fork")
     shutil.copytree(work / "ssd", work / "ssd-u")
-    shutil.copytree(work / "ssd", work / "ssd-p")
-    shutil.copytree(work / "ssd", work / "ssd-p-tampered")
     return run
 
 
@@ -234,12 +228,14 @@ def test_turn_after_flood_restores_from_dram(run_x):
     bs = run_x.block_size
     hit, best = run_x["A2"]["num_cached_tokens"], whole_blocks(len(A1), bs)
     assert hit == best, f"A2 reused {hit} of the previous prompt's {len(A1)} tokens ({bs}-token blocks: {best} reusable)"
+    assert run_x["A2"]["restored"] == {"dram": hit}, run_x["A2"]  # every block from DRAM
 
 
 def test_restart_restores_from_ssd(run_y):
     bs = run_y.block_size
     hit, best = run_y["A3"]["num_cached_tokens"], whole_blocks(len(A2), bs)
     assert hit == best, f"after restart A3 reused {hit} of {len(A2)} ({bs}-token blocks: {best} reusable)"
+    assert run_y["A3"]["restored"] == {"ssd": hit}, run_y["A3"]  # a restart empties DRAM
     assert "checkpoints and" in run_y.log  # the start-up scan found the store
 
 
@@ -255,6 +251,8 @@ def test_ssd_restore_within_a_session(run_y):
     assert sum(r["num_prompt_tokens"] for r in run_y.flood("G")) >= run_y.capacity
     hit, best = run_y["B2"]["num_cached_tokens"], whole_blocks(len(B1), bs)
     assert hit == best, f"B2 reused {hit} of {len(B1)} ({bs}-token blocks: {best} reusable)"
+    # The 4 MiB of DRAM overflowed: B1's KV moved to SSD, and B2 reads it from there.
+    assert run_y["B2"]["restored"].get("ssd", 0) >= bs, run_y["B2"]
 
 
 def test_engine_runs_the_requested_state_dtype(run_x, ssm_dtype):
@@ -350,85 +348,3 @@ def test_unknown_key_stops_startup(tiny_model, tmp_path):
     run = run_engine(tmp_path, "bad-config", spec, timeout=300)
     assert run.returncode != 0
     assert "ssd_dri" in run.log and "accepted keys are" in run.log
-
-
-# --- promotion: KV read from SSD keeps a DRAM copy, and restores from it are exact ---
-
-def _p_spec(tiny_model, ssm_dtype, root):
-    # DRAM holds A3 and the flood without pressure: the promoted copies must stay.
-    return _engine(
-        tiny_model, ssm_dtype, dense_states=True,
-        connector=dict(dram_bytes=64 * MiB, ssd_dir=str(root), ssd_bytes=64 * MiB),
-        requests=[_req("A3", A3), dict(name="H", **FLOOD), _req("PEDIT", PEDIT)],
-    )
-
-
-@pytest.fixture(scope="module")
-def run_p(tiny_model, ssm_dtype, work, run_x):
-    run = run_engine(work, "P", _p_spec(tiny_model, ssm_dtype, work / "ssd-p"))
-    assert run.returncode == 0, run.log[-4000:]
-    return run
-
-
-def _promoted_restore(run) -> dict:
-    """PEDIT's restore: no GPU hit (the flood), every KV block from DRAM, where only
-    A3's restore from SSD can have put them (a restart empties DRAM), and the one
-    checkpoint, historical, from SSD."""
-    bs = run.block_size
-    assert sum(r["num_prompt_tokens"] for r in run.flood("H")) >= run.capacity
-    assert run["A3"]["restored"] == {"ssd": whole_blocks(len(A2), bs)}, run["A3"]
-    pedit = run["PEDIT"]
-    hit = pedit["num_cached_tokens"]
-    assert hit >= 2 * bs and pedit["gpu_cached_tokens"] == 0, pedit
-    assert pedit["restored"] == {"dram": hit - bs, "ssd": bs}, pedit
-    return pedit
-
-
-def test_kv_read_from_ssd_is_restored_from_its_dram_copy_exactly(run_p, cold, tolerance):
-    pedit = _promoted_restore(run_p)
-    ok, why = matches_cold(pedit, cold["PEDIT"], tolerance)
-    assert ok, f"PEDIT (restored {pedit['restored']}): {why}"
-
-
-def _swap_chunk(store_root: Path, a2_position: int) -> None:
-    """Replace the KV chunks of A1's second block by another prefix's (re-checksummed),
-    and republish every checkpoint that names them, so that everything verifies."""
-    from histate_vllm.store import SSDStore, StoreIdentity
-
-    (ident_file,) = store_root.glob("*/identity.json")
-    identity = msgspec.json.decode(ident_file.read_bytes(), type=StoreIdentity)
-    store = SSDStore(store_root, identity, budget_bytes=1 << 40)
-    index = store.scan()
-    a2 = next(c for c in index.checkpoints.values() if c.position == a2_position)
-    groups = {k[-4:] for k in a2.chunk_keys}
-    victims = a2.chunk_keys[len(groups):2 * len(groups)]  # block 1, every attention group
-    other = next(c for c in index.checkpoints.values()
-                 if len(c.chunk_keys) >= 2 * len(groups) and c.chunk_keys[0] != a2.chunk_keys[0])
-    donors = {k[-4:]: k for k in other.chunk_keys[len(groups):2 * len(groups)]}
-    for victim in victims:
-        donor = donors[victim[-4:]]
-        payload = bytearray(index.chunks[donor])
-        n = store.read_chunk(donor, memoryview(payload))
-        Path(store.layout.chunk_path(victim)).unlink()
-        store.write_chunk(victim, payload[:n], provenance="negative-control")
-    for key, info in index.checkpoints.items():
-        if not set(victims) & set(info.chunk_keys):
-            continue
-        state = bytearray(info.state_nbytes)
-        store.read_checkpoint(key, memoryview(state), verify_chunks=False)
-        store.publish_checkpoint(key, state, position=info.position,
-                                 chunk_keys=info.chunk_keys, provenance="negative-control")
-
-
-def test_negative_control_wrong_kv_in_a_promoted_copy_is_caught(tiny_model, ssm_dtype, work,
-                                                                run_x, cold, tolerance):
-    """The DRAM copy PEDIT restores from is what A3 read from SSD: a wrong KV chunk there
-    must fail the exactness comparison."""
-    root = work / "ssd-p-tampered"
-    _swap_chunk(root, whole_blocks(len(A2) - 1, run_x.block_size))
-    run = run_engine(work, "Z3", _p_spec(tiny_model, ssm_dtype, root))
-    assert run.returncode == 0, run.log[-4000:]
-    pedit = _promoted_restore(run)
-    ok, why = matches_cold(pedit, cold["PEDIT"], tolerance)
-    assert not ok, "a wrong KV chunk in a promoted DRAM copy passed the exactness comparison"
-    print(f"negative control caught: {why}")

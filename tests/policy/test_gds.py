@@ -369,32 +369,3 @@ def test_dram_pressure_moves_a_historical_checkpoint_once_its_kv_is_on_ssd():
     assert core.where(mid) == {Tier.SSD}
     assert core.restorable(a[:4]).position == 4 * BT
     core.check_invariants()
-
-
-def test_a_promotion_only_displaces_copies_ssd_also_holds():
-    """A KV chunk read back from SSD gets a DRAM copy only in room made by dropping DRAM
-    copies SSD also holds: it never moves data held in DRAM alone down to SSD (no SSD write)
-    nor deletes any; without such copies it is refused."""
-    core, mgr, clock = build(dram=8 * KVB + STB, terminal_reuse=0.5)
-    a, b = chain(range(8), salt=b"a"), chain(range(4), salt=b"b")
-    store(mgr, a, 8, [8])  # DRAM full: 8 chunks and the terminal checkpoint, DRAM only
-    for i in range(4):  # b's chunks held on SSD alone, as after a move down
-        core.admit([kv_item(b, i, BT, KVB)], Tier.SSD)
-        core.committed(make_key(b[i], 0), Tier.SSD, True)
-    clock.advance(10)
-    promo = [kv_item(b, i, BT, KVB) for i in range(2)]
-    assert core.admit(promo, Tier.DRAM, promote=True) is None  # nothing backed to drop
-    assert all(core.where(make_key(h, 0)) == {Tier.DRAM} for h in a)
-    # Back a's first two chunks on SSD: now they can give up their DRAM copies.
-    for i in range(2):
-        core.admit([kv_item(a, i, BT, KVB)], Tier.SSD)
-        core.committed(make_key(a[i], 0), Tier.SSD, True)
-    adm = core.admit(promo, Tier.DRAM, promote=True)
-    assert not adm.spill
-    assert sorted(adm.evict) == sorted((make_key(a[i], 0), Tier.DRAM) for i in range(2))
-    assert sorted(adm.accepted) == sorted(it.key for it in promo)
-    for it in promo:
-        core.committed(it.key, Tier.DRAM, True)
-        assert core.where(it.key) == {Tier.DRAM, Tier.SSD}
-    assert all(core.where(make_key(h, 0)) for h in a)  # every chunk still held somewhere
-    core.check_invariants()

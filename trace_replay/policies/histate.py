@@ -6,8 +6,8 @@ Per request, the calls vLLM makes on the manager, with every transfer completing
 * lookup: GPU hit g from vLLM's prefix cache; then, as vLLM's offloading scheduler does
   through `manager.lookup`, the KV chunks readable from block g on and the deepest state
   among them give the offload hit p. If p > g, the KV of blocks [g, p) and the state at p
-  are loaded (`prepare_load`: pinned and hit; a DRAM slot or SSD per key, a chunk read
-  from SSD promoted to DRAM where the policy admits it), unpinned when loaded. Then the capture plan (`note_hit` + `plan`): the prefill leaves states exactly
+  are loaded (`prepare_load`: pinned and hit; a DRAM slot or SSD per key), unpinned when
+  loaded. Then the capture plan (`note_hit` + `plan`): the prefill leaves states exactly
   there (HiState's scheduler ends prefill chunks at planned positions).
 * prefilled: `offer` (vLLM's `prepare_store`: per block its KV key, and its state key where
   the prefill left a state), `complete_store`, then `take_ssd_writes` and `on_ssd_written`.
@@ -94,7 +94,7 @@ class CoreAdapter(SimPolicy):
         if p > g:
             loaded = [h + _KVS for h in hb[g:p]]
             loaded.append(hb[p - 1] + _STS)
-            slots, is_state, _ = orch.prepare_load(loaded, job.request_id)
+            slots, is_state = orch.prepare_load(loaded)
             for slot, st in zip(slots, is_state):
                 nbytes = self.sb if st else self.kvb
                 if slot >= 0:
@@ -114,7 +114,7 @@ class CoreAdapter(SimPolicy):
         job.state = (held, loaded)
 
     def loaded(self, job: Job) -> None:
-        self.orch.complete_load(job.state[1], job.request_id)
+        self.orch.complete_load(job.state[1])
 
     # -- store -------------------------------------------------------------------------------
     def prefilled(self, job: Job) -> None:
