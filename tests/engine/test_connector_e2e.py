@@ -38,7 +38,7 @@ pytestmark = pytest.mark.engine
 
 MiB = 1 << 20
 GPU_BLOCKS = 64
-Y_SSD_BYTES = 48 * MiB  # the restart's budget, below X's: Y's own writes must evict
+Y_SSD_BYTES = 48 * MiB  # the restart's budget, below X's 64 MiB
 FLOOD = dict(flood=1.25, prompt_tokens=3000)  # 1.25x the GPU cache, in fresh 3000-token prompts
 rng = random.Random(1234)
 
