@@ -97,8 +97,8 @@ class PolicyCore(ABC):
         Each is > hit_tokens, except hit_tokens itself when the reused history ended there
         without a managed checkpoint (e.g. a GPU prefix-cache hit): capture that state too.
         The plan is remembered until `request_finished`: STATE items of this request at other
-        positions (and not `terminal`) are refused by `admit`, and the request's KV chunks are
-        protected from eviction while they wait for their checkpoint.
+        positions (and not `terminal`) are refused by `admit`, and what the request stores
+        (its KV chunks, and the checkpoints it leaves on the way) is not evicted until then.
         """
 
     @abstractmethod

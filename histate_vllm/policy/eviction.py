@@ -346,7 +346,10 @@ class Evictor:
             n = top[3]
             if top[2] != n.hver[t] or n.gone:
                 continue
-            if not n.st and n.req and n.req in protected:
+            if n.req and n.req in protected:
+                # Stored by a request still prefilling: its KV, and the checkpoint it left
+                # mid-way (a leaf bundle until the next chunk lands). Evicting that bundle
+                # takes its KV along and the request's later states are refused.
                 aside.append(top)
                 continue
             h = n.t_last + tau * n.cost / (n.mb[t] / tb)  # = score(...), inlined

@@ -142,6 +142,8 @@ def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
         q, tau, tb = snap["q"], snap["tau"], snap["token_bytes"]
         cands = []
         for n in nodes.values():
+            if n.req and n.req in snap["protected"]:
+                continue  # stored by a request still in flight
             if n.st:
                 a = cp_parent(n)
                 pa = a.position if a is not None else 0
@@ -157,8 +159,6 @@ def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
                     c = cost_inner(q, n.position, pa, kids[0].position)
                     ents = list(n.st)
             elif not is_live(n.nid) and n.kv:
-                if n.req in snap["protected"]:
-                    continue
                 c, ents = 0.0, list(n.kv)
             else:
                 continue

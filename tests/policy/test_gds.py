@@ -369,3 +369,34 @@ def test_dram_pressure_moves_a_historical_checkpoint_once_its_kv_is_on_ssd():
     assert core.where(mid) == {Tier.SSD}
     assert core.restorable(a[:4]).position == 4 * BT
     core.check_invariants()
+
+
+def test_a_prefill_in_flight_keeps_the_kv_under_its_own_checkpoints():
+    """Mid-prefill, the checkpoint a request has just left is a leaf bundle (nothing below
+    it yet): evicting it would take its KV segment along, the state at the request's end
+    would then be refused (KV before it missing), and the next turn would find nothing.
+    What a request still in flight has stored is not evicted; newer data is refused."""
+    clock = Clock()
+    core = make_policy("histate", budgets={Tier.DRAM: 8 * KVB + 2 * STB, Tier.SSD: 0},
+                       block_tokens=BT, interval=4 * BT, clock=clock, kv_bytes_per_token=1.0)
+    mgr = FakeManager(core)
+    a, b = chain(range(8), salt=b"a"), chain(range(11), salt=b"b")
+    assert core.plan_captures("r", a, 8 * BT + 1, 0) == [4 * BT, 8 * BT]
+    # r's first prefill step: 4 blocks and the planned checkpoint at their end.
+    mgr.admit([kv_item(a, i, BT, KVB, "r") for i in range(4)], Tier.DRAM)
+    mgr.admit([st_item(a, 3, BT, STB, req="r")], Tier.DRAM)
+    mgr.commit(Tier.DRAM)
+    clock.advance(10)
+    # Another session's KV: more than the free room; only r's bundle could make more.
+    mgr.admit([kv_item(b, i, BT, KVB, "o") for i in range(11)], Tier.DRAM)
+    mgr.commit(Tier.DRAM)
+    assert core.where(state_key(a, 4)) == {Tier.DRAM}
+    assert all(core.where(make_key(a[i], 0)) for i in range(4))
+    # r's second step: the rest of its KV and the state at its end.
+    mgr.admit([kv_item(a, i, BT, KVB, "r") for i in range(4, 8)], Tier.DRAM)
+    mgr.admit([st_item(a, 7, BT, STB, terminal=True, req="r")], Tier.DRAM)
+    mgr.commit(Tier.DRAM)
+    core.request_finished("r")
+    assert core.restorable(a).position == 8 * BT
+    mgr.check()
+    core.check_invariants()
