@@ -114,14 +114,16 @@ def _gpu_hits(llm) -> int:
                    if m.name == "vllm:prefix_cache_hits" and hasattr(m, "value")))
 
 
-def _restored(llm) -> dict[str, int]:
-    """Tokens the connector has restored so far, per tier (its histate_restored_tokens
-    counter; vLLM's get_metrics lists only its own)."""
+def _restored() -> dict[str, int]:
+    """Tokens the connector has restored so far, per tier (its restored_tokens counter, in
+    this process's Prometheus registry; vLLM's get_metrics lists only its own)."""
     from prometheus_client import REGISTRY
+
+    from histate_vllm.metrics import PREFIX
 
     out: dict[str, int] = {}
     for metric in REGISTRY.collect():
-        if metric.name != "histate_restored_tokens":
+        if metric.name != PREFIX + "restored_tokens":
             continue
         for s in metric.samples:
             if s.name.endswith("_total"):
@@ -236,13 +238,13 @@ def main(spec_path: str, out_path: str) -> None:
         batch = req.get("batch") or [req]
         sps = [SamplingParams(max_tokens=r.get("max_tokens", 4), temperature=0, logprobs=1)
                for r in batch]
-        gpu_before, restored_before = _gpu_hits(llm), _restored(llm)
+        gpu_before, restored_before = _gpu_hits(llm), _restored()
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt"]) for r in batch], sps,
                             use_tqdm=False)
         wall = time.perf_counter() - t0
         gpu_hits = _gpu_hits(llm) - gpu_before
-        restored = {t: n - restored_before.get(t, 0) for t, n in _restored(llm).items()
+        restored = {t: n - restored_before.get(t, 0) for t, n in _restored().items()
                     if n > restored_before.get(t, 0)}
         for r, out in zip(batch, outs):
             completion = out.outputs[0]
