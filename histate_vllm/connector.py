@@ -52,6 +52,7 @@ from vllm.v1.outputs import KVConnectorOutput
 from histate_vllm import rank_reports
 from histate_vllm.admission import Admission, evictable_blocks
 from histate_vllm.config import HiStateConfig
+from histate_vllm.cpu_binding import check_worker_binding
 from histate_vllm.identity import check_parallelism, store_identity, store_root
 from histate_vllm.layout import CacheLayout
 from histate_vllm.spec import HiStateSpec
@@ -405,6 +406,7 @@ class HiStateConnector(OffloadingConnector):
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = HiStateConnectorScheduler(spec, vllm_config, kv_cache_config)
         elif role == KVConnectorRole.WORKER:
+            check_worker_binding()
             self.connector_worker = HiStateConnectorWorker(spec, vllm_config, kv_cache_config)
 
     def bind_kv_cache_manager(self, kv_cache_manager) -> None:

