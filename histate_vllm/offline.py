@@ -30,6 +30,10 @@ for _m in ("torchvision", "torchaudio", "torchcodec"):  # ABI-broken next to the
     sys.modules[_m] = None
 
 
+# Logprobs returned per generated token (vLLM's default cap on them is 20).
+TOP_LOGPROBS = 20
+
+
 def _rss_bytes(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -200,6 +204,8 @@ def main(spec_path: str, out_path: str) -> None:
         disable_log_stats=False,
         tensor_parallel_size=spec.get("tensor_parallel_size", 1),
     )
+    if spec.get("block_size"):
+        kwargs["block_size"] = spec["block_size"]
     if spec.get("ssm_dtype"):
         # The recurrent state's dtype sets the KV block size (pages of both kinds match):
         # float32 states give the tiny model 384-token blocks, bfloat16 states 256.
@@ -236,7 +242,8 @@ def main(spec_path: str, out_path: str) -> None:
         # A batch: its requests go to the engine together (they queue, and a restore can
         # find other requests' prefills and loads in flight); one at a time otherwise.
         batch = req.get("batch") or [req]
-        sps = [SamplingParams(max_tokens=r.get("max_tokens", 4), temperature=0, logprobs=1)
+        sps = [SamplingParams(max_tokens=r.get("max_tokens", 4), temperature=0,
+                              logprobs=spec.get("logprobs", TOP_LOGPROBS))
                for r in batch]
         gpu_before, restored_before = _gpu_hits(llm), _restored()
         t0 = time.perf_counter()
@@ -264,6 +271,11 @@ def main(spec_path: str, out_path: str) -> None:
                     token_ids=list(completion.token_ids),
                     logprobs=[lp[tok].logprob
                               for tok, lp in zip(completion.token_ids, completion.logprobs)],
+                    # Per step, the top tokens' logprobs ({token id: logprob}): a whole
+                    # slice of the distribution, which a wrong state moves everywhere and
+                    # rounding moves at a few logits (tests/engine/exactness.py).
+                    top_logprobs=[{str(t): v.logprob for t, v in lp.items()}
+                                  for lp in completion.logprobs],
                     ttft=ttft,
                     wall=wall,
                     **({"flood": req["flood"]} if "flood" in req else {}),

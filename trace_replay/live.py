@@ -137,6 +137,7 @@ async def _complete(client, url: str, model: str, tokens: list[int], max_tokens:
     t0 = time.perf_counter()
     ttft = None
     usage = None
+    text: list[str] = []  # greedy output, to compare servers request by request
     async with client.stream("POST", f"{url}/v1/completions", json=body,
                              timeout=timeout) as resp:
         if resp.status_code != 200:
@@ -149,8 +150,10 @@ async def _complete(client, url: str, model: str, tokens: list[int], max_tokens:
             if data == "[DONE]":
                 break
             chunk = json.loads(data)
-            if ttft is None and chunk.get("choices"):
-                ttft = time.perf_counter() - t0
+            if chunk.get("choices"):
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                text.append(chunk["choices"][0].get("text") or "")
             if chunk.get("usage"):
                 usage = chunk["usage"]
     latency = time.perf_counter() - t0
@@ -158,7 +161,8 @@ async def _complete(client, url: str, model: str, tokens: list[int], max_tokens:
     return {"ttft": ttft if ttft is not None else latency, "latency": latency,
             "prompt_tokens": (usage or {}).get("prompt_tokens", len(tokens)),
             "cached_tokens": details.get("cached_tokens"),
-            "completion_tokens": (usage or {}).get("completion_tokens")}
+            "completion_tokens": (usage or {}).get("completion_tokens"),
+            "output": "".join(text)}
 
 
 async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict], str, float]:

@@ -6,7 +6,9 @@ the cold computation of the same engine.
   T2  restart over T1's SSD directory, tiny DRAM: P again (SSD), then fsck of both ranks.
 
 The reference is P's cold run in T1 (prefix caching on, nothing cached yet): a restore
-differs from it only in where prefill chunks end, as in test_connector_e2e.
+differs from it only in where prefill chunks end, as in test_connector_e2e. Measuring vLLM's
+own noise would take a third TP=2 engine; the spread is held to the cap instead
+(exactness.py: rounding leaves it at 0, a wrong state does not), greedy tokens must match.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import random
 import pytest
 
 from conftest import run_engine
+from exactness import CAP, chosen_gap, spread
 
 pytestmark = pytest.mark.engine
 
 MiB = 1 << 20
-TOLERANCE = 0.05  # logprob; the TP=1 tests measure ~0.01 chunk-to-chunk variation here
 rng = random.Random(99)
 P = [rng.randrange(2, 2000) for _ in range(2600)]
 TP2 = dict(tensor_parallel_size=2, env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"})
@@ -58,9 +60,10 @@ def run_t2(tiny_model, work, run_t1):
 
 def _matches(result, reference):
     assert result["token_ids"] == reference["token_ids"]
-    diff = max(abs(a - b) for a, b in zip(result["logprobs"], reference["logprobs"]))
-    print(f"{result['name']}: cached {result['num_cached_tokens']}, max logprob diff {diff:.4g}")
-    assert diff <= TOLERANCE
+    s = spread(result, reference)
+    print(f"{result['name']}: cached {result['num_cached_tokens']}, spread {s:.3g}, "
+          f"chosen-token logprobs {chosen_gap(result, reference):.3g} apart")
+    assert s <= CAP
 
 
 def test_dram_restore_matches_cold_at_tp2(run_t1):
