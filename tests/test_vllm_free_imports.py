@@ -9,8 +9,8 @@ import pytest
 
 @pytest.mark.parametrize("imports", [
     "import histate_vllm.policy as p; p.make_policy('histate'); p.make_policy('lru')",
-    "import histate_vllm.orchestration",
-    "import histate_vllm.telemetry, histate_vllm.eventlog",
+    "import histate_vllm.bookkeeping.orchestration",
+    "import histate_vllm.bookkeeping.telemetry, histate_vllm.bookkeeping.eventlog",
 ])
 def test_imports_neither_vllm_nor_torch(imports):
     code = (f"import sys; {imports}; "

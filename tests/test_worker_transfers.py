@@ -21,15 +21,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "store"))
 from store_helpers import IDENTITY, make_key, make_payload  # noqa: E402
 
-from histate_vllm.copier import PageCopier  # noqa: E402
-from histate_vllm.specs import (  # noqa: E402
+from histate_vllm.datapath.copier import PageCopier  # noqa: E402
+from histate_vllm.store import SSDStore  # noqa: E402
+from histate_vllm.vllm_glue.transfer_specs import (  # noqa: E402
     HiStateLoadSpec,
     HiStateStoreSpec,
     SSDDelete,
     SSDWrite,
 )
-from histate_vllm.store import SSDStore  # noqa: E402
-from histate_vllm.worker import HiStateWorker  # noqa: E402
+from histate_vllm.vllm_glue.worker import HiStateWorker  # noqa: E402
 
 NUM_BLOCKS = 16
 # Two layers per key, of different sizes; the second cache has padding after each page.
@@ -304,7 +304,7 @@ def test_next_restore_never_refills_a_staging_row_still_being_copied(tmp_path):
 
 
 def test_host_rows_each_start_on_a_page():
-    from histate_vllm.hostmem import HostRows
+    from histate_vllm.datapath.hostmem import HostRows
 
     rows = HostRows(3, 5000, pin=False)
     assert rows.array.shape == (3, 5000) and rows.tensor.shape == (3, 5000)
