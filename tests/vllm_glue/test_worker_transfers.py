@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "store"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
 from store_helpers import IDENTITY, make_key, make_payload  # noqa: E402
 
 from histate_vllm.datapath.copier import PageCopier  # noqa: E402

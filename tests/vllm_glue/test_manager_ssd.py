@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "store"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
 from store_helpers import IDENTITY, make_key, make_payload  # noqa: E402
 
 from histate_vllm.config import HiStateConfig  # noqa: E402

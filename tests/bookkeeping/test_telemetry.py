@@ -13,7 +13,7 @@ from histate_vllm.bookkeeping.telemetry import Telemetry, reason_label, summary
 from histate_vllm.policy import Tier, make_key
 from histate_vllm.policy import events as ev
 
-from tests.test_orchestration import BT, build, hashes, store
+from tests.bookkeeping.test_orchestration import BT, build, hashes, store
 
 
 def telemetry(orch):
