@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
-from histate_vllm.offline import run_engine  # noqa: E402
+from histate_vllm.vllm_glue.offline import run_engine  # noqa: E402
 
 MiB = 1 << 20
 

@@ -35,9 +35,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec  # noqa: E402
 from histate_vllm.store import SSDStore, StoreIdentity  # noqa: E402
-from histate_vllm.worker import HiStateWorker  # noqa: E402
+from histate_vllm.vllm_glue.transfer_specs import HiStateLoadSpec, HiStateStoreSpec  # noqa: E402
+from histate_vllm.vllm_glue.worker import HiStateWorker  # noqa: E402
 
 
 def sync(dev: torch.device) -> None:

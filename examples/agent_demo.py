@@ -49,7 +49,7 @@ def build_prompts(trace: dict, seed: int = 0) -> list[list[dict]]:
             runs.append([])
             continue
         if op == "flood":
-            # Sized by the engine once it knows its capacity (histate_vllm.offline).
+            # Sized by the engine once it knows its capacity (histate_vllm.vllm_glue.offline).
             runs[-1].append(dict(name=name, flood=step["capacity"], prompt_tokens=step["tokens"],
                                  shown=False))
             continue
@@ -99,7 +99,7 @@ def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: 
            ssm_dtype: str | None = None, block_size: int | None = None
            ) -> tuple[dict, list[dict]]:
     """Run the session's engines; return results by turn name and each engine's layout."""
-    from histate_vllm.offline import run_engine
+    from histate_vllm.vllm_glue.offline import run_engine
 
     tag = "histate" if connector else "vllm"
     results, engines = {}, []

@@ -1,5 +1,6 @@
-"""`python -m histate_vllm inspect DIR [why PROMPT_FILE]` (see histate_vllm.inspect);
-`python -m histate_vllm fsck DIR` (see histate_vllm.store.fsck)."""
+"""`python -m histate_vllm inspect DIR [why PROMPT_FILE]` (see
+histate_vllm.bookkeeping.log_inspect); `python -m histate_vllm fsck DIR` (see
+histate_vllm.store.fsck)."""
 
 import sys
 
@@ -7,7 +8,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["inspect"]:
-        from histate_vllm.inspect import main as inspect_main
+        from histate_vllm.bookkeeping.log_inspect import main as inspect_main
 
         return inspect_main(args[1:])
     if args[:1] == ["fsck"]:

@@ -49,13 +49,13 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 
-from histate_vllm import rank_reports
-from histate_vllm.admission import Admission, evictable_blocks
+from histate_vllm.bookkeeping import rank_reports
+from histate_vllm.bookkeeping.restore_admission import Admission, evictable_blocks
 from histate_vllm.config import HiStateConfig
-from histate_vllm.cpu_binding import check_worker_binding
-from histate_vllm.identity import check_parallelism, store_identity, store_root
-from histate_vllm.layout import CacheLayout
-from histate_vllm.spec import HiStateSpec
+from histate_vllm.vllm_glue.cpu_binding import check_worker_binding
+from histate_vllm.vllm_glue.identity import check_parallelism, store_identity, store_root
+from histate_vllm.vllm_glue.layout import CacheLayout
+from histate_vllm.vllm_glue.offloading_spec import HiStateSpec
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
@@ -130,7 +130,7 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int, max_num_new_tokens=None):
         # A load that does not fit the free GPU blocks would stall vLLM's whole waiting
         # queue: look up only as deep as fits (the deepest checkpoint within; see
-        # admission.py). One lookup, so vLLM's lookup stats count each once.
+        # bookkeeping/restore_admission.py). One lookup, so vLLM's lookup stats count each once.
         limit = self.admission.limit(request, num_computed_tokens,
                                      self._own_evictable.pop(request.request_id, 0))
         if limit is not None and (max_num_new_tokens is None or limit < max_num_new_tokens):
@@ -424,7 +424,7 @@ class HiStateConnector(OffloadingConnector):
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        from histate_vllm.metrics import HiStatePromMetrics
+        from histate_vllm.vllm_glue.prom_metrics import HiStatePromMetrics
 
         return HiStatePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 

@@ -5,7 +5,7 @@ keeps the worker's OpenMP binding what it is without the connector (see cpu_bind
 def register() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-    from histate_vllm.cpu_binding import keep_vllm_binding
+    from histate_vllm.vllm_glue.cpu_binding import keep_vllm_binding
 
     if "HiStateConnector" not in KVConnectorFactory._registry:  # register_connector raises on dup
         KVConnectorFactory.register_connector(

@@ -47,7 +47,7 @@ class EngineRun:
 
 def run_engine(workdir: Path, name: str, spec: dict, timeout: float = 600) -> EngineRun:
     """Run one engine in a fresh process; return its results and log (kept in workdir)."""
-    from histate_vllm.offline import run_engine as run
+    from histate_vllm.vllm_glue.offline import run_engine as run
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / f"{name}.spec.json").write_text(json.dumps(spec))

@@ -2,7 +2,8 @@
 
 vLLM admits an asynchronous load only if its blocks fit in the free blocks minus what
 in-flight prefills and loads still need; otherwise its scheduler stops scanning the waiting
-queue. `histate_vllm.admission` offers the deepest checkpoint whose load fits instead.
+queue. `histate_vllm.bookkeeping.restore_admission` offers the deepest checkpoint whose load
+fits instead.
 
 Engine H (HiState, a GPU cache of GPU_BLOCKS blocks, generous DRAM and SSD) prefills P1 (a
 few blocks) and P2 (most of the cache's free room after R1's reservation), floods the GPU

@@ -47,7 +47,7 @@ MiB = 1 << 20
 GPU_BLOCKS = 64
 Y_SSD_BYTES = 48 * MiB  # the restart's budget, below X's 64 MiB
 # 1.25x the GPU cache, in fresh 3000-token prompts; 8 tokens each, as the connector once
-# changed decode steps of prompts it restored nothing into (the binding, cpu_binding.py).
+# changed decode steps of prompts it restored nothing into (the binding, vllm_glue/cpu_binding.py).
 FLOOD = dict(flood=1.25, prompt_tokens=3000, max_tokens=8)
 rng = random.Random(1234)
 

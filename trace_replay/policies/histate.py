@@ -1,6 +1,6 @@
 """HiState in the simulator: the real `histate_vllm.policy` core and the connector manager's
-orchestration (`histate_vllm.orchestration.Orchestrator`, the object HiStateManager drives),
-over the same vLLM-like GPU prefix cache as the baselines.
+orchestration (`histate_vllm.bookkeeping.orchestration.Orchestrator`, the object HiStateManager
+drives), over the same vLLM-like GPU prefix cache as the baselines.
 
 Per request, the calls vLLM makes on the manager, with every transfer completing at once:
 * lookup: GPU hit g from vLLM's prefix cache; then, as vLLM's offloading scheduler does
@@ -28,7 +28,7 @@ resumable tokens a restart at a random moment would keep.
 
 from __future__ import annotations
 
-from histate_vllm.orchestration import BytePool, Orchestrator, headroom_bytes
+from histate_vllm.bookkeeping.orchestration import BytePool, Orchestrator, headroom_bytes
 from histate_vllm.policy import Tier, make_policy
 
 from ..sim.gpu import GpuPrefixCache

@@ -3,7 +3,7 @@ has written it (regression: ranks were ANDed within one step, so rank 0 alone fr
 
 import pytest
 
-from histate_vllm.rank_reports import SSDReportTally, merge
+from histate_vllm.bookkeeping.rank_reports import SSDReportTally, merge
 
 K, J = b"k" * 36, b"j" * 36
 

@@ -4,7 +4,7 @@ prefills' reservations."""
 
 from types import SimpleNamespace
 
-from histate_vllm.admission import (
+from histate_vllm.bookkeeping.restore_admission import (
     STATE_BLOCKS,
     Admission,
     evictable_blocks,

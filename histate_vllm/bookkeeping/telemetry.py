@@ -3,7 +3,7 @@
 The manager feeds this from real outcomes: the policy's drained events (evictions,
 demotions, losses), its lookups (`restorable`), the loads it issued and how they ended,
 the SSD writes the worker reported. `take()` hands the counts accumulated since the last
-call to vLLM's stats channel (metrics.py); `summary()` renders the INFO line.
+call to vLLM's stats channel (vllm_glue/prom_metrics.py); `summary()` renders the INFO line.
 
 Miss causes, decided per request from the deepest evidence past what was restored:
   writing        a key of a block past the hit is admitted but its write has not landed

@@ -18,8 +18,8 @@ import json
 import os
 from pathlib import Path
 
-from histate_vllm.layout import CacheLayout
 from histate_vllm.store import StoreIdentity
+from histate_vllm.vllm_glue.layout import CacheLayout
 
 UNPINNED = "unpinned"
 

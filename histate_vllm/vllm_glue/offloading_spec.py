@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-
 from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingSpec
 from vllm.v1.kv_offload.config import OffloadingConfig
 
 from histate_vllm.config import HiStateConfig
-from histate_vllm.layout import CacheLayout, dram_slots
 from histate_vllm.store import SSDStore, StoreIdentity
 from histate_vllm.store.startup import open_for_engine
+from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
@@ -42,7 +41,7 @@ class HiStateSpec(OffloadingSpec):
 
     @classmethod
     def build_metric_definitions(cls, extra_config):
-        from histate_vllm.metrics import definitions
+        from histate_vllm.vllm_glue.prom_metrics import definitions
 
         return definitions()
 
@@ -87,7 +86,7 @@ class HiStateSpec(OffloadingSpec):
 
     def get_manager(self):
         if self._manager is None:
-            from histate_vllm.manager import HiStateManager
+            from histate_vllm.vllm_glue.manager import HiStateManager
 
             store, lock, index = self.open_scheduler_store()
             self._manager = HiStateManager(
@@ -106,7 +105,7 @@ class HiStateSpec(OffloadingSpec):
 
     def get_worker(self, kv_caches: CanonicalKVCaches):
         if self._worker is None:
-            from histate_vllm.worker import HiStateWorker
+            from histate_vllm.vllm_glue.worker import HiStateWorker
 
             self._worker = HiStateWorker(
                 kv_caches,

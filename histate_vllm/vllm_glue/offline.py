@@ -1,6 +1,6 @@
 """Run one offline vLLM engine over a list of token prompts; write what it saw as JSON.
 
-    python -m histate_vllm.offline SPEC.json OUT.json
+    python -m histate_vllm.vllm_glue.offline SPEC.json OUT.json
 
 SPEC: {"model": dir, "connector": extra_config or null, "requests": [...], and optional
 engine settings (e.g. "tensor_parallel_size"; "env": variables set before vLLM starts)}. A request is {"name", "prompt": [token ids], "max_tokens"} or a flood,
@@ -74,7 +74,7 @@ def run_engine(spec: dict, out_path: str | None = None, *, timeout: float = 1800
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                    HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "histate_vllm.offline", spec_path, out_path],
+            [sys.executable, "-m", "histate_vllm.vllm_glue.offline", spec_path, out_path],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
         lines: list[str] = []
@@ -123,7 +123,7 @@ def _restored() -> dict[str, int]:
     this process's Prometheus registry; vLLM's get_metrics lists only its own)."""
     from prometheus_client import REGISTRY
 
-    from histate_vllm.metrics import PREFIX
+    from histate_vllm.vllm_glue.prom_metrics import PREFIX
 
     out: dict[str, int] = {}
     for metric in REGISTRY.collect():

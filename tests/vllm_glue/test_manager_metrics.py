@@ -8,13 +8,13 @@ pytest.importorskip("vllm")
 
 from vllm.v1.kv_offload.base import ReqContext  # noqa: E402
 
-from histate_vllm import observer as observer_mod  # noqa: E402
+from histate_vllm.bookkeeping.eventlog import fingerprints, read_log  # noqa: E402
 from histate_vllm.config import ConfigError, HiStateConfig  # noqa: E402
-from histate_vllm.eventlog import fingerprints, read_log  # noqa: E402
-from histate_vllm.layout import CacheLayout  # noqa: E402
-from histate_vllm.manager import HiStateManager  # noqa: E402
 from histate_vllm.policy import make_key  # noqa: E402
 from histate_vllm.store import SSDStore, StoreIdentity  # noqa: E402
+from histate_vllm.vllm_glue import observer as observer_mod  # noqa: E402
+from histate_vllm.vllm_glue.layout import CacheLayout  # noqa: E402
+from histate_vllm.vllm_glue.manager import HiStateManager  # noqa: E402
 
 BT = 256
 KEY = 1000
@@ -216,8 +216,8 @@ def test_metric_definitions_and_prometheus_registration():
     from prometheus_client import Counter, Gauge, Histogram
 
     from histate_vllm.connector import HiStateConnector
-    from histate_vllm.metrics import definitions
-    from histate_vllm.spec import HiStateSpec
+    from histate_vllm.vllm_glue.offloading_spec import HiStateSpec
+    from histate_vllm.vllm_glue.prom_metrics import definitions
 
     defs = HiStateSpec.build_metric_definitions({})
     assert defs.keys() == definitions().keys() and all(n.startswith("histate") for n in defs)

@@ -43,10 +43,9 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
-from histate_vllm.copier import PageCopier
-from histate_vllm.hostmem import HostRows
-from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec, SSDDelete, SSDReset, SSDWrite
-from histate_vllm.store import reset as store_reset
+from histate_vllm.datapath.copier import PageCopier
+from histate_vllm.datapath.hostmem import HostRows
+from histate_vllm.datapath.streams import Event, TransferStream, transfer_stream
 from histate_vllm.store import (
     CorruptEntry,
     MissingEntry,
@@ -55,7 +54,14 @@ from histate_vllm.store import (
     StoreError,
     StoreWriter,
 )
-from histate_vllm.streams import Event, TransferStream, transfer_stream
+from histate_vllm.store import reset as store_reset
+from histate_vllm.vllm_glue.transfer_specs import (
+    HiStateLoadSpec,
+    HiStateStoreSpec,
+    SSDDelete,
+    SSDReset,
+    SSDWrite,
+)
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 

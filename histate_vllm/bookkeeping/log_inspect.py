@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from histate_vllm.eventlog import LOG_NAME, Lookup, fingerprints, read_log
+from histate_vllm.bookkeeping.eventlog import LOG_NAME, Lookup, fingerprints, read_log
 from histate_vllm.policy import events as ev
 from histate_vllm.policy.explain import _fmt
 from histate_vllm.store.fsck import _identity_of, _store_dirs

@@ -14,13 +14,18 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "store"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
 from store_helpers import IDENTITY, make_key, make_payload  # noqa: E402
 
-from histate_vllm.specs import HiStateLoadSpec, SSDDelete, SSDReset, SSDWrite  # noqa: E402
 from histate_vllm.store import SSDStore  # noqa: E402
 from histate_vllm.store.reset import RESET_MARK  # noqa: E402
-from histate_vllm.worker import HiStateWorker  # noqa: E402
+from histate_vllm.vllm_glue.transfer_specs import (  # noqa: E402
+    HiStateLoadSpec,
+    SSDDelete,
+    SSDReset,
+    SSDWrite,
+)
+from histate_vllm.vllm_glue.worker import HiStateWorker  # noqa: E402
 
 KEY_BYTES = 4096
 NUM_BLOCKS = 8

@@ -1,10 +1,10 @@
 """HiStateManager: vLLM's offloading-manager contract over a DRAM slot pool and an SSD store.
 
 A thin adapter: the books and every step around the policy core (what is admitted, staging,
-SSD copies, evictions, moves to SSD) live in `histate_vllm.orchestration.Orchestrator`, which
-the trace simulator drives too. This class translates vLLM's calls and types (requests,
-offload keys, store specs, events) and owns the SSD store handle. It runs in the scheduler
-process; the worker moves the bytes.
+SSD copies, evictions, moves to SSD) live in
+`histate_vllm.bookkeeping.orchestration.Orchestrator`, which the trace simulator drives too.
+This class translates vLLM's calls and types (requests, offload keys, store specs, events)
+and owns the SSD store handle. It runs in the scheduler process; the worker moves the bytes.
 """
 
 from __future__ import annotations
@@ -25,12 +25,18 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from histate_vllm.bookkeeping.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.config import HiStateConfig
-from histate_vllm.layout import CacheLayout, dram_slots
-from histate_vllm.observer import Observer
-from histate_vllm.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.policy import Tier, make_policy
-from histate_vllm.specs import HiStateLoadSpec, HiStateStoreSpec, SSDDelete, SSDReset, SSDWrite
+from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots
+from histate_vllm.vllm_glue.observer import Observer
+from histate_vllm.vllm_glue.transfer_specs import (
+    HiStateLoadSpec,
+    HiStateStoreSpec,
+    SSDDelete,
+    SSDReset,
+    SSDWrite,
+)
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
@@ -299,7 +305,7 @@ class HiStateManager(OffloadingManager):
         self.observer.load_failed(request_ids, lost)
 
     def get_stats(self):
-        """vLLM's stats channel, published on /metrics (see metrics.py)."""
+        """vLLM's stats channel, published on /metrics (see prom_metrics.py)."""
         return self.observer.get_stats()
 
     def shutdown(self) -> None:

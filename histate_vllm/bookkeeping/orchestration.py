@@ -4,7 +4,7 @@
 for every decision and applies it: what is offered and admitted, staging in DRAM, the order of
 SSD copies (KV chunks before the checkpoints whose manifests name them), whether the DRAM copy
 stays once the SSD copy lands, evictions, and the moves to SSD that DRAM pressure asks for.
-`HiStateManager` (manager.py) drives it for vLLM; the trace simulator
+`HiStateManager` (vllm_glue/manager.py) drives it for vLLM; the trace simulator
 (trace_replay/policies/histate.py) drives the same object, completing every transfer at once,
 so a placement change is made here once and measured by both.
 

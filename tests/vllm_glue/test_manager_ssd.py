@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "store"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
 from store_helpers import IDENTITY, make_key, make_payload  # noqa: E402
 
 from histate_vllm.config import HiStateConfig  # noqa: E402
-from histate_vllm.layout import CacheLayout  # noqa: E402
-from histate_vllm.manager import HiStateManager  # noqa: E402
-from histate_vllm.specs import SSDDelete, SSDReset  # noqa: E402
 from histate_vllm.store import SSDStore  # noqa: E402
+from histate_vllm.vllm_glue.layout import CacheLayout  # noqa: E402
+from histate_vllm.vllm_glue.manager import HiStateManager  # noqa: E402
+from histate_vllm.vllm_glue.transfer_specs import SSDDelete, SSDReset  # noqa: E402
 
 KEY = 4096
 BT = 256
@@ -98,7 +98,7 @@ def test_ssd_mirror_keeps_every_backup(tmp_path):
 
 
 def test_dram_bytes_is_the_total_across_ranks():
-    from histate_vllm.layout import dram_slots
+    from histate_vllm.vllm_glue.layout import dram_slots
 
     assert dram_slots(16 * KEY, KEY, 1) == 16 and dram_slots(16 * KEY, KEY, 4) == 4
     cfg = HiStateConfig(dram_bytes=16 * KEY)

@@ -27,7 +27,7 @@ PREFIX = "histate_"
 
 _TIER = ("tier",)
 _C, _G, _H = OffloadingCounterMetadata, OffloadingGaugeMetadata, OffloadingHistogramMetadata
-# name (without PREFIX) -> metadata. Label values come from telemetry.py.
+# name (without PREFIX) -> metadata. Label values come from bookkeeping/telemetry.py.
 _DEFS: dict[str, OffloadingMetricMetadata] = {
     "restored_tokens": _C(documentation="Prompt tokens restored by HiState, by the tier "
                                         "their block was read from.", labelnames=_TIER),

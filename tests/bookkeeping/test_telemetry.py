@@ -2,12 +2,18 @@
 
 import os
 
-from histate_vllm.eventlog import EventLogWriter, Lookup, fingerprints, log_files, read_log
+from histate_vllm.bookkeeping.eventlog import (
+    EventLogWriter,
+    Lookup,
+    fingerprints,
+    log_files,
+    read_log,
+)
+from histate_vllm.bookkeeping.telemetry import Telemetry, reason_label, summary
 from histate_vllm.policy import Tier, make_key
 from histate_vllm.policy import events as ev
-from histate_vllm.telemetry import Telemetry, reason_label, summary
 
-from tests.test_orchestration import BT, build, hashes, store
+from tests.bookkeeping.test_orchestration import BT, build, hashes, store
 
 
 def telemetry(orch):

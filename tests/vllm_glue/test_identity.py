@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from histate_vllm.identity import check_parallelism, store_identity, store_root
-from histate_vllm.layout import CacheLayout
+from histate_vllm.vllm_glue.identity import check_parallelism, store_identity, store_root
+from histate_vllm.vllm_glue.layout import CacheLayout
 
 LAYOUT = CacheLayout(group_ids=(0, 1), state_group_ids=frozenset({1}), key_bytes=4096,
                      block_tokens=256)

@@ -2,8 +2,8 @@
 
 `HiStateManager` calls one hook per event it sees (a lookup, a load issued or completed,
 SSD writes issued or reported, a request finished) and hands the policy's drained events
-over through `Orchestrator.on_events`. Counting and miss causes are in telemetry.py (no
-vllm), the metric definitions in metrics.py, the on-disk log in eventlog.py.
+over through `Orchestrator.on_events`. Counting and miss causes are in bookkeeping/telemetry.py (no
+vllm), the metric definitions in prom_metrics.py, the on-disk log in bookkeeping/eventlog.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 
 from vllm.logger import init_logger
 
-from histate_vllm.eventlog import EventLogWriter, Lookup, fingerprints
-from histate_vllm.metrics import to_stats
-from histate_vllm.telemetry import Telemetry, summary
+from histate_vllm.bookkeeping.eventlog import EventLogWriter, Lookup, fingerprints
+from histate_vllm.bookkeeping.telemetry import Telemetry, summary
+from histate_vllm.vllm_glue.prom_metrics import to_stats
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
