@@ -19,6 +19,7 @@ import numpy as np
 import xxhash
 
 from histate_vllm.policy.events import Event
+from histate_vllm.store.trust import FILE_MODE, make_private_dirs
 
 LOG_NAME = "events.log"
 _LEN = struct.Struct(">I")
@@ -65,7 +66,7 @@ def fingerprints(token_ids: Sequence[int], block_tokens: int, limit: int | None 
 class EventLogWriter:
     def __init__(self, directory: str, max_bytes: int = 16 << 20, keep: int = 2,
                  interval: float = 1.0):
-        os.makedirs(directory, exist_ok=True)
+        make_private_dirs(directory)  # the log names every request's prompt blocks
         self.directory = directory
         self.path = os.path.join(directory, LOG_NAME)
         self.max_bytes = max_bytes
@@ -106,8 +107,12 @@ class EventLogWriter:
         data = self._encoder.encode(Batch(events=events, lookups=lookups))
         try:
             self._rotate_if_needed(len(data))
-            with open(self.path, "ab") as f:
-                f.write(_LEN.pack(len(data)) + data)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                         FILE_MODE)
+            try:
+                os.write(fd, _LEN.pack(len(data)) + data)
+            finally:
+                os.close(fd)
         except OSError:
             self.dropped += len(events) + len(lookups)  # a full or failed disk loses the log
 
