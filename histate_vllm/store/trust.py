@@ -11,22 +11,23 @@ from __future__ import annotations
 import os
 import stat
 
-from histate_vllm.store.errors import StoreError
+from histate_vllm.store.errors import StoreUnusable
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
 
-class UnsafeStoreDir(StoreError):
+class UnsafeStoreDir(StoreUnusable):
     """The root exists but is not the engine user's alone: nothing in it is trusted."""
 
     def __init__(self, path: str, why: str) -> None:
         self.path = path
         self.why = why
         super().__init__(
-            f"SSD store root {path} {why}. The store holds every prompt's KV and is "
-            "trusted on restore, so its directory must be owned by this user and "
-            "writable by no one else (e.g. `chmod 700`)"
+            path,
+            f"the directory {why}. The store holds every prompt's KV and is trusted on "
+            "restore, so its directory must be owned by this user and writable by no one "
+            "else (e.g. `chmod 700`)",
         )
 
 
