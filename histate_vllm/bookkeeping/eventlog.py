@@ -10,6 +10,7 @@ readers stop there. `read_log` returns everything in order, oldest first.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import threading
 from collections.abc import Iterator, Sequence
@@ -107,8 +108,9 @@ class EventLogWriter:
         data = self._encoder.encode(Batch(events=events, lookups=lookups))
         try:
             self._rotate_if_needed(len(data))
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                         FILE_MODE)
+            # O_NOFOLLOW: a planted link would have this append to its target.
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                         | os.O_NOFOLLOW, FILE_MODE)
             try:
                 os.write(fd, _LEN.pack(len(data)) + data)
             finally:
@@ -138,11 +140,21 @@ class EventLogWriter:
 
 
 def _frames(path: str) -> Iterator[bytes]:
+    """The frames of one log file; nothing from a symlink, FIFO or device (the writer
+    makes none, and /dev/zero would never end)."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return  # missing, or a symlink (ELOOP) or socket
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read()
-    except FileNotFoundError:
+    except OSError:
         return
+    finally:
+        os.close(fd)
     off = 0
     while off + _LEN.size <= len(data):
         (n,) = _LEN.unpack_from(data, off)

@@ -38,6 +38,10 @@ PAYLOAD_MAGIC = b"HSTPAY01"
 MANIFEST_MAGIC = b"HSTMAN01"
 MAX_KEY_BYTES = 1024
 MAX_PROVENANCE_BYTES = 2048
+# Most bytes a manifest or an identity.json may hold: a larger file (or one that never
+# ends, like a link to /dev/zero) is not one the store wrote, and is never read whole.
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_IDENTITY_BYTES = 1 << 20
 # A manifest's state file: `<key hex>.<hex unique per publish>.st` (layout.new_state_file).
 # Checked at decode: the name is joined into paths that are read and deleted, so one
 # naming anything else ("../../victim") is refused, never followed.

@@ -22,22 +22,22 @@ import msgspec
 
 from histate_vllm.store import gc
 from histate_vllm.store.fileio import remove_quietly
-from histate_vllm.store.format import Kind, StoreIdentity
+from histate_vllm.store.format import MAX_IDENTITY_BYTES, FormatError, Kind, StoreIdentity
 from histate_vllm.store.layout import IDENTITY_FILE, Layout
 from histate_vllm.store.quarantine import iter_manifests
 from histate_vllm.store.reader import BadEntry, Expect, peek_header, verify_stream
-from histate_vllm.store.scan import scan_with_manifests
+from histate_vllm.store.scan import read_small_file, scan_with_manifests
 
 
 def _identity_of(ident_dir: str) -> StoreIdentity | None:
     """The identity a directory holds: identity.json, else any manifest that fits."""
     digest = os.path.basename(os.path.normpath(ident_dir))
     try:
-        with open(os.path.join(ident_dir, IDENTITY_FILE), "rb") as f:
-            ident = msgspec.json.decode(f.read(), type=StoreIdentity)
+        data = read_small_file(os.path.join(ident_dir, IDENTITY_FILE), MAX_IDENTITY_BYTES)
+        ident = msgspec.json.decode(data, type=StoreIdentity)
         if ident.digest() == digest:
             return ident
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+    except (OSError, FormatError, msgspec.DecodeError, msgspec.ValidationError):
         pass
     layout = Layout(os.path.dirname(os.path.normpath(ident_dir)), digest)
     for _, m in iter_manifests(layout):
@@ -51,9 +51,9 @@ def _store_dirs(path: str) -> list[str]:
         os.path.join(path, "manifests")
     ):
         return [path]
-    try:
-        subs = sorted(e.path for e in os.scandir(path) if e.is_dir())
-    except FileNotFoundError:
+    try:  # the store makes no symlinks: never follow one (a loop, or out of the store)
+        subs = sorted(e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+    except OSError:
         return []
     return [d for d in subs if _store_dirs(d) == [d]]
 
@@ -206,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     if not dirs:
         print(f"fsck: {args.dir}: no store found", file=sys.stderr)
         return 2
-    reports = [fsck_store(d, repair=args.repair, grace_s=args.grace) for d in dirs]
+    try:
+        reports = [fsck_store(d, repair=args.repair, grace_s=args.grace) for d in dirs]
+    except OSError as e:  # whatever is on disk: a message and an exit status, no traceback
+        print(f"fsck: {args.dir}: {e}", file=sys.stderr)
+        return 1
     ok = all(is_clean(r) for r in reports)
     if args.json:
         print(json.dumps({"ok": ok, "stores": reports}, indent=2))

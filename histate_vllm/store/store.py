@@ -21,7 +21,7 @@ import msgspec
 from histate_vllm.store import gc
 from histate_vllm.store.errors import StoreError, StoreUnavailable
 from histate_vllm.store.fileio import classify, make_dir, write_atomic
-from histate_vllm.store.format import StoreIdentity, default_algo
+from histate_vllm.store.format import MAX_IDENTITY_BYTES, FormatError, StoreIdentity, default_algo
 from histate_vllm.store.layout import STATE_SUFFIX, Layout
 from histate_vllm.store.publish import PublishMixin, payload_view
 from histate_vllm.store.restore import RestoreMixin
@@ -129,11 +129,11 @@ class SSDStore(PublishMixin, RestoreMixin):
     def _write_identity_file(self) -> None:
         data = msgspec.json.encode(self.identity)
         try:
-            existing = read_small_file(self.layout.identity_path)
+            existing = read_small_file(self.layout.identity_path, MAX_IDENTITY_BYTES)
             if existing == data:
                 return
-        except FileNotFoundError:
-            pass
+        except (FileNotFoundError, FormatError):
+            pass  # replaced below (a rename replaces a link or FIFO, never follows it)
         write_atomic(self.layout.identity_path, [data], fsync=self.fsync)
 
     def _ensure_dir(self, path: str) -> None:
