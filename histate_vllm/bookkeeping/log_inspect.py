@@ -122,6 +122,16 @@ def print_table(rows: list[dict], title: str, console: Console) -> None:
     console.print(table)
 
 
+def _token_ids(ids) -> list[int]:
+    """Token ids as given in a prompt file, or SystemExit saying what is wrong."""
+    if not isinstance(ids, list) or not all(
+        type(x) is int and 0 <= x < 1 << 63 for x in ids  # noqa: E721 - bool is no token
+    ):
+        raise SystemExit("inspect why: prompt_token_ids must be a list of token ids "
+                         "(integers from 0 to 2**63-1)")
+    return ids
+
+
 def read_prompt(path: str, tokenizer: str | None) -> list[int]:
     with open(path) as f:
         text = f.read()
@@ -130,9 +140,9 @@ def read_prompt(path: str, tokenizer: str | None) -> list[int]:
     except json.JSONDecodeError:
         data = text
     if isinstance(data, list) and all(isinstance(x, int) for x in data):
-        return data
+        return _token_ids(data)
     if isinstance(data, dict) and "prompt_token_ids" in data:
-        return list(data["prompt_token_ids"])
+        return _token_ids(data["prompt_token_ids"])
     if tokenizer is None:
         raise SystemExit("inspect why: a text or chat prompt needs --tokenizer MODEL")
     from transformers import AutoTokenizer
@@ -156,6 +166,7 @@ def _matched(lookup: Lookup, fps_by_bt: dict[int, list[int]]) -> int:
 
 
 def why(token_ids: list[int], events: Sequence[ev.Event], lookups: Sequence[Lookup]) -> str:
+    lookups = [lk for lk in lookups if lk.block_tokens > 0]  # a torn or foreign record
     if not lookups:
         return "no lookups in the event log"
     fps_by_bt = {bt: fingerprints(token_ids, bt) for bt in {lk.block_tokens for lk in lookups}}
@@ -198,6 +209,14 @@ def why(token_ids: list[int], events: Sequence[ev.Event], lookups: Sequence[Look
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except OSError as e:  # whatever is on disk or given: a message and a status, no traceback
+        print(f"inspect: {e}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m histate_vllm inspect",
                                  description="Show a HiState store and event log.")
     ap.add_argument("dir", help="ssd_dir, an identity directory in it, or an event-log dir")
