@@ -394,7 +394,7 @@ class HiStateConnector(OffloadingConnector):
         # Multi-turn continuations reuse decoded tokens too.
         offloading = dataclasses.replace(offloading, extra_config={"offload_prompt_only": False})
         spec = HiStateSpec(
-            offloading, histate, layout, store_identity(vllm_config, layout),
+            offloading, histate, layout, store_identity(vllm_config, layout, kv_cache_config),
             max_model_len=vllm_config.model_config.max_model_len,
             step_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
             store_root=store_root(histate.ssd_dir, vllm_config),
