@@ -28,7 +28,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from histate_vllm.bookkeeping.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.config import HiStateConfig
 from histate_vllm.policy import Tier, make_policy
-from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots
+from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots, ssd_payload_budget
 from histate_vllm.vllm_glue.observer import Observer
 from histate_vllm.vllm_glue.transfer_specs import (
     HiStateLoadSpec,
@@ -117,15 +117,7 @@ class HiStateManager(OffloadingManager):
         return self.orch.entries
 
     def _ssd_payload_budget(self, ssd_bytes: int, max_model_len: int) -> int:
-        """The policy counts payload bytes; the disk also holds a header per file, a
-        manifest per checkpoint (up to one reference per KV chunk of a full context) and
-        the identity file. Scale the budget so the worst case still fits in ssd_bytes."""
-        from histate_vllm.store import HEADER_BYTES
-
-        max_refs = max_model_len // self.layout.block_tokens * len(self.layout.kv_group_ids)
-        per_key = HEADER_BYTES + 256 + 80 * max_refs
-        usable = max(ssd_bytes - (64 << 10), 0)
-        return usable * self.layout.key_bytes // (self.layout.key_bytes + per_key)
+        return ssd_payload_budget(ssd_bytes, self.layout, max_model_len)
 
     # --- start-up ---
 

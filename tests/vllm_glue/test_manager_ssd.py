@@ -137,3 +137,18 @@ def test_lora_requests_stay_out_of_the_ssd_store(tmp_path, monkeypatch):
         m.prepare_store([key], Ctx(rid))
     assert [k["to_ssd"] for k in offered] == [False, True, False]
     assert len([s for s in said if "LoRA" in s]) == 1
+
+
+def test_ssd_bytes_must_hold_one_entry_of_the_model():
+    """Issue 22: ssd_bytes=1 gave a budget of 0; now the connector refuses it, naming the
+    least that holds one entry of this model."""
+    from histate_vllm.config import ConfigError
+    from histate_vllm.vllm_glue.layout import check_ssd_bytes, min_ssd_bytes, ssd_payload_budget
+
+    need = min_ssd_bytes(LAYOUT, 8192)
+    assert ssd_payload_budget(need, LAYOUT, 8192) >= KEY > ssd_payload_budget(need - 1,
+                                                                              LAYOUT, 8192)
+    cfg = HiStateConfig(dram_bytes=KEY, ssd_dir="/x", ssd_bytes=need - 1)
+    with pytest.raises(ConfigError, match=f"at least {need} bytes for this model"):
+        check_ssd_bytes(cfg, LAYOUT, 8192)
+    check_ssd_bytes(HiStateConfig(dram_bytes=KEY, ssd_dir="/x", ssd_bytes=need), LAYOUT, 8192)
