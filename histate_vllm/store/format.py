@@ -38,6 +38,18 @@ PAYLOAD_MAGIC = b"HSTPAY01"
 MANIFEST_MAGIC = b"HSTMAN01"
 MAX_KEY_BYTES = 1024
 MAX_PROVENANCE_BYTES = 2048
+
+
+def bounded_provenance(provenance: str) -> str:
+    """`provenance` (a request id) cut to fit a header: a head that stays readable and a
+    hash of the whole, so ids of any length never fail a write."""
+    raw = provenance.encode()
+    if len(raw) <= MAX_PROVENANCE_BYTES:
+        return provenance
+    head = raw[:256].decode(errors="ignore")
+    return f"{head}…sha256:{hashlib.sha256(raw).hexdigest()[:32]}"
+
+
 # Most bytes a manifest or an identity.json may hold: a larger file (or one that never
 # ends, like a link to /dev/zero) is not one the store wrote, and is never read whole.
 MAX_MANIFEST_BYTES = 64 << 20

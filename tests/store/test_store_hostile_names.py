@@ -82,3 +82,19 @@ def test_decode_refuses_other_key_state_file(store):
     bad = encode_manifest(msgspec.structs.replace(m, state_file="ab" + m.state_file[2:]))
     with pytest.raises(FormatError):
         decode_manifest(bad)
+
+
+def test_long_request_id_does_not_fail_the_write(store):
+    """A request id over 2 KiB (issue 22) failed every SSD write of that request: it is
+    kept as provenance, cut to a readable head and a hash of the whole."""
+    from histate_vllm.store.reader import peek_header
+
+    rid = "r" * 5000
+    ck, key = make_key("c"), make_key("k")
+    store.write_chunk(ck, make_payload(4096, "c"), provenance=rid)
+    store.publish_checkpoint(key, make_payload(512, "k"), position=16, chunk_keys=[ck],
+                             provenance=rid + "x")
+    prov = peek_header(store.layout.chunk_path(ck))[0].provenance
+    assert prov.startswith("r" * 256) and "sha256:" in prov and len(prov.encode()) <= 2048
+    info = store.scan().checkpoints[key]
+    assert info.provenance != prov  # another id, another hash
