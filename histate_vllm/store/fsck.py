@@ -9,6 +9,12 @@ manifests, and orphans. --repair deletes bad checkpoints and chunks, orphans old
 than --grace (default 0: run it with the server stopped, or pass a grace period),
 unusable manifests and the quarantine. Exit status 0 when the store is clean (or was
 repaired), 1 when problems remain, 2 on a usage error.
+
+What a stop mid-write leaves (temporary files, chunks and state files no manifest names
+yet: vLLM ends the engine without waiting for the store's writes) is reported as
+leftovers, not problems: nothing refers to them, the next start removes them, and the
+store is as good as after a clean shutdown. Other orphans (unknown files, unusable
+manifests, files that are not regular files) are problems.
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ from histate_vllm.store.layout import IDENTITY_FILE, Layout
 from histate_vllm.store.quarantine import iter_manifests
 from histate_vllm.store.reader import BadEntry, Expect, peek_header, verify_stream
 from histate_vllm.store.scan import read_small_file, scan_with_manifests
+
+# Orphan reasons (scan) of what a stop in the middle of a write leaves behind.
+LEFTOVER_REASONS = frozenset(
+    {"temporary file", "chunk no manifest names", "state file no manifest names"}
+)
 
 
 def _identity_of(ident_dir: str) -> StoreIdentity | None:
@@ -116,7 +127,8 @@ def fsck_store(ident_dir: str, *, repair: bool, grace_s: float) -> dict:
         chunks_ok=len(index.chunks) - len(bad_chunks),
         chunks_bad=[{"key": k.hex(), "reason": r} for k, r in bad_chunks.items()],
         skipped=[{"path": p, "reason": r} for p, r in index.skipped],
-        orphans=[{"path": o.path, "bytes": o.nbytes, "reason": o.reason} for o in index.orphans],
+        orphans=[{"path": o.path, "bytes": o.nbytes, "reason": o.reason,
+                  "leftover": o.reason in LEFTOVER_REASONS} for o in index.orphans],
         quarantined=len(quarantined),
         usage_bytes=gc.usage_bytes(layout),
     )
@@ -142,7 +154,8 @@ def is_clean(r: dict) -> bool:
         return False
     if "repaired" in r:
         return not r["repaired"]["errors"]
-    return not (r["checkpoints_bad"] or r["chunks_bad"] or r["skipped"] or r["orphans"])
+    problems = [o for o in r["orphans"] if not o["leftover"]]
+    return not (r["checkpoints_bad"] or r["chunks_bad"] or r["skipped"] or problems)
 
 
 def _print_text(r: dict) -> None:
@@ -169,8 +182,13 @@ def _print_text(r: dict) -> None:
         print(f"  bad {item['key'][:16]}…: {item['reason']}")
     for item in r["skipped"]:
         print(f"  skipped {item['path']}: {item['reason']}")
-    for item in r["orphans"][:20]:
+    leftovers = [o for o in r["orphans"] if o["leftover"]]
+    for item in [o for o in r["orphans"] if not o["leftover"]][:20]:
         print(f"  orphan {item['path']}: {item['reason']}")
+    if leftovers:
+        print(f"  leftovers of interrupted writes: {len(leftovers)} file(s), "
+              f"{sum(o['bytes'] for o in leftovers)} bytes (a stop mid-write leaves these; "
+              "no entry uses them; the next start or --repair removes them)")
     if "repaired" in r:
         print(
             f"  repaired: removed {r['repaired']['removed_files']} file(s), "
