@@ -40,7 +40,8 @@ class Lookup(msgspec.Struct, kw_only=True, omit_defaults=True):
     shared: int  # tokens whose KV HiState holds
     cause: str = ""  # miss cause (telemetry.py), "" when not a miss
     missed: int = 0
-    # Chained xxh64 of the prompt's token ids at each block end: matches a prompt file.
+    # Chained xxh64 of the prompt's token ids at each block end, seeded with its cache_salt
+    # and LoRA adapter (`scope_seed`): matches a prompt file of the same salt and adapter.
     fps: list[int] = []
     # The prompt's block hashes (the policy's node ids), one per block.
     nodes: list[bytes] = []
@@ -51,12 +52,30 @@ class Batch(msgspec.Struct, omit_defaults=True):
     lookups: list[Lookup] = []
 
 
-def fingerprints(token_ids: Sequence[int], block_tokens: int, limit: int | None = None
-                 ) -> list[int]:
-    """Chained xxh64 of the token ids up to each full block (one per block)."""
+def scope_seed(cache_salt: str | None = None, lora_name: str | None = None) -> int:
+    """The seed of a prompt's fingerprint chain: the cache_salt and LoRA adapter vLLM
+    salts its block hashes with. One prompt under salts A, B and none gets three unrelated
+    chains, so the log keeps tenants apart as the prefix cache does, and `inspect why`
+    compares within one salt and adapter. 0 with neither (fingerprints as before)."""
+    if not cache_salt and not lora_name:
+        return 0
+    return xxhash.xxh64_intdigest(msgspec.json.encode([cache_salt or "", lora_name or ""]))
+
+
+def request_scope(request) -> int:
+    """`scope_seed` of a vLLM request (its cache_salt and LoRA adapter name)."""
+    lora = getattr(request, "lora_request", None)
+    return scope_seed(getattr(request, "cache_salt", None),
+                      getattr(lora, "lora_name", None) if lora is not None else None)
+
+
+def fingerprints(token_ids: Sequence[int], block_tokens: int, limit: int | None = None,
+                 seed: int = 0) -> list[int]:
+    """Chained xxh64 of the token ids up to each full block (one per block), from `seed`
+    (`scope_seed`)."""
     ids = np.asarray(token_ids, dtype=np.int64)
     n = len(ids) // block_tokens if limit is None else min(limit, len(ids) // block_tokens)
-    out, h = [], 0
+    out, h = [], seed
     for b in range(n):
         h = xxhash.xxh64_intdigest(ids[b * block_tokens : (b + 1) * block_tokens].tobytes(),
                                    seed=h)
