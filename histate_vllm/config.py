@@ -12,6 +12,18 @@ from pathlib import Path
 from typing import Any
 
 POLICIES = ("histate", "lru")
+# The SSD store's own files (identity, directories) before any entry: a budget below
+# this holds nothing (the manager also checks one entry of the model fits: see
+# vllm_glue.layout.min_ssd_bytes).
+MIN_SSD_BYTES = 1 << 20
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM on this machine, None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
 
 
 class ConfigError(ValueError):
@@ -88,6 +100,17 @@ class HiStateConfig:
                 "HiStateConnector: 'ssd_dir' is set, so 'ssd_bytes' must be a positive "
                 "integer of bytes (the disk budget)"
             )
+        if cfg.ssd_dir is not None and cfg.ssd_bytes < MIN_SSD_BYTES:
+            raise ConfigError(
+                f"HiStateConnector: 'ssd_bytes' must be at least {MIN_SSD_BYTES} bytes "
+                f"(the store's own files and one entry), got {cfg.ssd_bytes}"
+            )
+        ram = physical_memory()
+        if ram is not None and cfg.dram_bytes > ram:
+            raise ConfigError(
+                f"HiStateConnector: 'dram_bytes' must be from 1 to {ram} bytes (this "
+                f"machine's memory, which vLLM and the system share), got {cfg.dram_bytes}"
+            )
         if cfg.ssd_mirror and cfg.policy != "histate":
             raise ConfigError("HiStateConnector: 'ssd_mirror' applies to policy \"histate\" "
                               "only (\"lru\" always writes through)")
@@ -124,12 +147,16 @@ def _nonneg_int(extra: dict[str, Any], key: str) -> int:
 
 def _positive_seconds(extra: dict[str, Any], key: str, default: float) -> float:
     value = extra.get(key, default)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not 0 < value < float("inf"):
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, str))
+    try:  # "60" as well as 60, like `summary_interval`
+        seconds = float(value) if ok else -1.0
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
         raise ConfigError(
             f"HiStateConnector: '{key}' must be a positive number of seconds, got {value!r}"
         )
-    return float(value)
+    return seconds
 
 
 def _flag(extra: dict[str, Any], key: str, default: bool) -> bool:

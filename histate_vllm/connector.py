@@ -54,7 +54,7 @@ from histate_vllm.bookkeeping.restore_admission import Admission, evictable_bloc
 from histate_vllm.config import HiStateConfig
 from histate_vllm.vllm_glue.cpu_binding import check_worker_binding
 from histate_vllm.vllm_glue.identity import check_parallelism, store_identity, store_root
-from histate_vllm.vllm_glue.layout import CacheLayout
+from histate_vllm.vllm_glue.layout import CacheLayout, check_ssd_bytes
 from histate_vllm.vllm_glue.offloading_spec import HiStateSpec
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
@@ -390,11 +390,12 @@ class HiStateConnector(OffloadingConnector):
             transfer_config.kv_load_failure_policy = "recompute"
         check_parallelism(vllm_config)
         layout = CacheLayout.from_config(kv_cache_config)
+        check_ssd_bytes(histate, layout, vllm_config.model_config.max_model_len)
         offloading = build_offloading_config(vllm_config, kv_cache_config)
         # Multi-turn continuations reuse decoded tokens too.
         offloading = dataclasses.replace(offloading, extra_config={"offload_prompt_only": False})
         spec = HiStateSpec(
-            offloading, histate, layout, store_identity(vllm_config, layout),
+            offloading, histate, layout, store_identity(vllm_config, layout, kv_cache_config),
             max_model_len=vllm_config.model_config.max_model_len,
             step_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
             store_root=store_root(histate.ssd_dir, vllm_config),

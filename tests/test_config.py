@@ -1,5 +1,7 @@
 """kv_connector_extra_config validation: a bad key or value stops start-up with a clear message."""
 
+import os
+
 import pytest
 
 from histate_vllm.config import ConfigError, HiStateConfig
@@ -8,10 +10,11 @@ from histate_vllm.config import ConfigError, HiStateConfig
 def test_minimal_and_full():
     assert HiStateConfig.from_extra_config({"dram_bytes": 1 << 20}).ssd_dir is None
     cfg = HiStateConfig.from_extra_config(
-        {"dram_bytes": "1048576", "ssd_dir": "/tmp/x", "ssd_bytes": 10, "policy": "lru",
+        {"dram_bytes": "1048576", "ssd_dir": "/tmp/x", "ssd_bytes": 10 << 20, "policy": "lru",
          "interval": 512}
     )
-    assert (cfg.dram_bytes, cfg.ssd_bytes, cfg.policy, cfg.interval) == (1 << 20, 10, "lru", 512)
+    assert (cfg.dram_bytes, cfg.ssd_bytes, cfg.policy, cfg.interval) == (
+        1 << 20, 10 << 20, "lru", 512)
     assert not cfg.ssd_mirror
     assert HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_mirror": True}).ssd_mirror
 
@@ -50,3 +53,32 @@ def test_ssd_dir_that_is_a_file(tmp_path):
     f.write_text("x")
     with pytest.raises(ConfigError, match="not a directory"):
         HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_dir": str(f), "ssd_bytes": 1})
+
+
+# --- issue 22: the accepted range in the message ---
+
+
+def test_dram_bytes_above_the_machines_memory():
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert HiStateConfig.from_extra_config({"dram_bytes": ram}).dram_bytes == ram
+    with pytest.raises(ConfigError, match=f"'dram_bytes' must be from 1 to {ram} bytes"):
+        HiStateConfig.from_extra_config({"dram_bytes": ram + 1})
+
+
+@pytest.mark.parametrize("ssd_bytes", [1, 10, (1 << 20) - 1])
+def test_ssd_bytes_below_the_floor(ssd_bytes):
+    with pytest.raises(ConfigError, match=f"at least {1 << 20} bytes .*got {ssd_bytes}"):
+        HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_dir": "/tmp/x",
+                                         "ssd_bytes": ssd_bytes})
+
+
+@pytest.mark.parametrize("value, want", [("60", 60.0), (" 2.5 ", 2.5), (30, 30.0)])
+def test_read_timeout_accepts_numeric_strings(value, want):
+    cfg = HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_read_timeout_s": value})
+    assert cfg.ssd_read_timeout_s == want
+
+
+@pytest.mark.parametrize("value", ["soon", "0", -1, True, "inf"])
+def test_read_timeout_refuses_non_positive(value):
+    with pytest.raises(ConfigError, match="'ssd_read_timeout_s' must be a positive number"):
+        HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_read_timeout_s": value})

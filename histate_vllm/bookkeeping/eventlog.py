@@ -10,6 +10,7 @@ readers stop there. `read_log` returns everything in order, oldest first.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import threading
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,7 @@ import numpy as np
 import xxhash
 
 from histate_vllm.policy.events import Event
+from histate_vllm.store.trust import FILE_MODE, make_private_dirs
 
 LOG_NAME = "events.log"
 _LEN = struct.Struct(">I")
@@ -38,7 +40,8 @@ class Lookup(msgspec.Struct, kw_only=True, omit_defaults=True):
     shared: int  # tokens whose KV HiState holds
     cause: str = ""  # miss cause (telemetry.py), "" when not a miss
     missed: int = 0
-    # Chained xxh64 of the prompt's token ids at each block end: matches a prompt file.
+    # Chained xxh64 of the prompt's token ids at each block end, seeded with its cache_salt
+    # and LoRA adapter (`scope_seed`): matches a prompt file of the same salt and adapter.
     fps: list[int] = []
     # The prompt's block hashes (the policy's node ids), one per block.
     nodes: list[bytes] = []
@@ -49,12 +52,30 @@ class Batch(msgspec.Struct, omit_defaults=True):
     lookups: list[Lookup] = []
 
 
-def fingerprints(token_ids: Sequence[int], block_tokens: int, limit: int | None = None
-                 ) -> list[int]:
-    """Chained xxh64 of the token ids up to each full block (one per block)."""
+def scope_seed(cache_salt: str | None = None, lora_name: str | None = None) -> int:
+    """The seed of a prompt's fingerprint chain: the cache_salt and LoRA adapter vLLM
+    salts its block hashes with. One prompt under salts A, B and none gets three unrelated
+    chains, so the log keeps tenants apart as the prefix cache does, and `inspect why`
+    compares within one salt and adapter. 0 with neither (fingerprints as before)."""
+    if not cache_salt and not lora_name:
+        return 0
+    return xxhash.xxh64_intdigest(msgspec.json.encode([cache_salt or "", lora_name or ""]))
+
+
+def request_scope(request) -> int:
+    """`scope_seed` of a vLLM request (its cache_salt and LoRA adapter name)."""
+    lora = getattr(request, "lora_request", None)
+    return scope_seed(getattr(request, "cache_salt", None),
+                      getattr(lora, "lora_name", None) if lora is not None else None)
+
+
+def fingerprints(token_ids: Sequence[int], block_tokens: int, limit: int | None = None,
+                 seed: int = 0) -> list[int]:
+    """Chained xxh64 of the token ids up to each full block (one per block), from `seed`
+    (`scope_seed`)."""
     ids = np.asarray(token_ids, dtype=np.int64)
     n = len(ids) // block_tokens if limit is None else min(limit, len(ids) // block_tokens)
-    out, h = [], 0
+    out, h = [], seed
     for b in range(n):
         h = xxhash.xxh64_intdigest(ids[b * block_tokens : (b + 1) * block_tokens].tobytes(),
                                    seed=h)
@@ -65,7 +86,7 @@ def fingerprints(token_ids: Sequence[int], block_tokens: int, limit: int | None 
 class EventLogWriter:
     def __init__(self, directory: str, max_bytes: int = 16 << 20, keep: int = 2,
                  interval: float = 1.0):
-        os.makedirs(directory, exist_ok=True)
+        make_private_dirs(directory)  # the log names every request's prompt blocks
         self.directory = directory
         self.path = os.path.join(directory, LOG_NAME)
         self.max_bytes = max_bytes
@@ -106,8 +127,13 @@ class EventLogWriter:
         data = self._encoder.encode(Batch(events=events, lookups=lookups))
         try:
             self._rotate_if_needed(len(data))
-            with open(self.path, "ab") as f:
-                f.write(_LEN.pack(len(data)) + data)
+            # O_NOFOLLOW: a planted link would have this append to its target.
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                         | os.O_NOFOLLOW, FILE_MODE)
+            try:
+                os.write(fd, _LEN.pack(len(data)) + data)
+            finally:
+                os.close(fd)
         except OSError:
             self.dropped += len(events) + len(lookups)  # a full or failed disk loses the log
 
@@ -133,11 +159,21 @@ class EventLogWriter:
 
 
 def _frames(path: str) -> Iterator[bytes]:
+    """The frames of one log file; nothing from a symlink, FIFO or device (the writer
+    makes none, and /dev/zero would never end)."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return  # missing, or a symlink (ELOOP) or socket
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read()
-    except FileNotFoundError:
+    except OSError:
         return
+    finally:
+        os.close(fd)
     off = 0
     while off + _LEN.size <= len(data):
         (n,) = _LEN.unpack_from(data, off)

@@ -25,7 +25,13 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from histate_vllm.bookkeeping.eventlog import LOG_NAME, Lookup, fingerprints, read_log
+from histate_vllm.bookkeeping.eventlog import (
+    LOG_NAME,
+    Lookup,
+    fingerprints,
+    read_log,
+    scope_seed,
+)
 from histate_vllm.policy import events as ev
 from histate_vllm.policy.explain import _fmt
 from histate_vllm.store.fsck import _identity_of, _store_dirs
@@ -122,6 +128,16 @@ def print_table(rows: list[dict], title: str, console: Console) -> None:
     console.print(table)
 
 
+def _token_ids(ids) -> list[int]:
+    """Token ids as given in a prompt file, or SystemExit saying what is wrong."""
+    if not isinstance(ids, list) or not all(
+        type(x) is int and 0 <= x < 1 << 63 for x in ids  # noqa: E721 - bool is no token
+    ):
+        raise SystemExit("inspect why: prompt_token_ids must be a list of token ids "
+                         "(integers from 0 to 2**63-1)")
+    return ids
+
+
 def read_prompt(path: str, tokenizer: str | None) -> list[int]:
     with open(path) as f:
         text = f.read()
@@ -130,9 +146,9 @@ def read_prompt(path: str, tokenizer: str | None) -> list[int]:
     except json.JSONDecodeError:
         data = text
     if isinstance(data, list) and all(isinstance(x, int) for x in data):
-        return data
+        return _token_ids(data)
     if isinstance(data, dict) and "prompt_token_ids" in data:
-        return list(data["prompt_token_ids"])
+        return _token_ids(data["prompt_token_ids"])
     if tokenizer is None:
         raise SystemExit("inspect why: a text or chat prompt needs --tokenizer MODEL")
     from transformers import AutoTokenizer
@@ -155,10 +171,15 @@ def _matched(lookup: Lookup, fps_by_bt: dict[int, list[int]]) -> int:
     return n
 
 
-def why(token_ids: list[int], events: Sequence[ev.Event], lookups: Sequence[Lookup]) -> str:
+def why(token_ids: list[int], events: Sequence[ev.Event], lookups: Sequence[Lookup],
+        seed: int = 0) -> str:
+    """seed: `scope_seed` of the prompt's cache_salt and LoRA adapter; only requests of
+    the same salt and adapter can match."""
+    lookups = [lk for lk in lookups if lk.block_tokens > 0]  # a torn or foreign record
     if not lookups:
         return "no lookups in the event log"
-    fps_by_bt = {bt: fingerprints(token_ids, bt) for bt in {lk.block_tokens for lk in lookups}}
+    fps_by_bt = {bt: fingerprints(token_ids, bt, seed=seed)
+                 for bt in {lk.block_tokens for lk in lookups}}
     best = max(lookups, key=lambda lk: (_matched(lk, fps_by_bt), lk.t))
     bt, nblocks = best.block_tokens, _matched(best, fps_by_bt)
     if nblocks == 0:
@@ -198,12 +219,23 @@ def why(token_ids: list[int], events: Sequence[ev.Event], lookups: Sequence[Look
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except OSError as e:  # whatever is on disk or given: a message and a status, no traceback
+        print(f"inspect: {e}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m histate_vllm inspect",
                                  description="Show a HiState store and event log.")
     ap.add_argument("dir", help="ssd_dir, an identity directory in it, or an event-log dir")
     ap.add_argument("why", nargs="?", choices=["why"], help="explain a prompt's hit or miss")
     ap.add_argument("prompt_file", nargs="?")
     ap.add_argument("--tokenizer", help="model or tokenizer for a text/chat PROMPT_FILE")
+    ap.add_argument("--cache-salt", help="the prompt's cache_salt (only requests with the "
+                    "same salt are compared)")
+    ap.add_argument("--lora-name", help="the prompt's LoRA adapter name (likewise)")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.dir):
         print(f"inspect: {args.dir}: not a directory", file=sys.stderr)
@@ -221,7 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.why:
         if not args.prompt_file:
             ap.error("why needs PROMPT_FILE")
-        print(why(read_prompt(args.prompt_file, args.tokenizer), events, lookups))
+        seed = scope_seed(args.cache_salt, args.lora_name)
+        print(why(read_prompt(args.prompt_file, args.tokenizer), events, lookups, seed))
         return 0
     if not stores and not log_dirs:
         print(f"inspect: {args.dir}: no store and no event log found", file=sys.stderr)

@@ -54,6 +54,9 @@ class Entry:
     # A state's manifest: the KV keys of every block before it.
     refs: tuple[bytes, ...] = ()
     request_id: str = ""
+    # Never copied to SSD: its bytes depend on something the store identity does not
+    # cover (a LoRA adapter's weights), so a restart could restore them wrongly.
+    dram_only: bool = False
 
     @property
     def readable(self) -> bool:
@@ -265,11 +268,11 @@ class Orchestrator:
         return key in self._reserved or key not in self.entries
 
     def offer(self, request_id: str, keys: Sequence[bytes], positions: Sequence[int],
-              block_hashes: list[bytes], num_prompt_tokens: int
+              block_hashes: list[bytes], num_prompt_tokens: int, *, to_ssd: bool = True
               ) -> tuple[list[bytes], list[int], list[bytes]]:
         """Keys vLLM offers to store for a request (with their token positions; only new
         ones: see `is_new`). Returns (keys to store, in offer order; their slots; keys
-        evicted and gone)."""
+        evicted and gone). `to_ssd=False` keeps them in DRAM only (see Entry.dram_only)."""
         new_keys = [k for k in keys if self.is_new(k)]
         if not new_keys:
             return [], [], []
@@ -303,8 +306,9 @@ class Orchestrator:
                     nbytes=item.nbytes, slot=slot, request_id=request_id,
                     refs=self._refs(block_hashes, item.position)
                     if item.kind == Kind.STATE else (),
+                    dram_only=not to_ssd,
                 )
-                if self.has_ssd:
+                if self.has_ssd and to_ssd:
                     self._staged.append(item)
                 if key in fresh_set:
                     keys_to_store.append(key)
@@ -433,7 +437,7 @@ class Orchestrator:
         for key in sorted(keys, key=lambda k: key_group(k) in self.state_groups):
             entry = self.entries.get(key)
             ok = (self.has_ssd and entry is not None and entry.slot >= 0 and entry.dram_ready
-                  and not entry.ssd_pending and not entry.on_ssd
+                  and not entry.dram_only and not entry.ssd_pending and not entry.on_ssd
                   and (not entry.is_state or all(self._on_or_to_ssd(k) for k in entry.refs)))
             if not ok:
                 self.stats["spills_declined"] += 1

@@ -12,6 +12,7 @@ from histate_vllm.store.errors import (
     MissingEntry,
     StoreError,
     StoreUnavailable,
+    StoreUnusable,
 )
 from histate_vllm.store.format import HEADER_BYTES, ChunkRef, Manifest, StoreIdentity
 from histate_vllm.store.gc import GcReport
@@ -36,6 +37,7 @@ __all__ = [
     "StoreIdentity",
     "StoreIndex",
     "StoreUnavailable",
+    "StoreUnusable",
     "StoreWriter",
     "aligned_buffer",
 ]

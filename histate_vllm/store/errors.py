@@ -59,3 +59,13 @@ class StoreUnavailable(StoreError):
         self.detail = detail
         msg = f"SSD store unavailable: {reason}"
         super().__init__(f"{msg} ({detail})" if detail else msg)
+
+
+class StoreUnusable(StoreError):
+    """The store root cannot be used at all (missing and not creatable, not a
+    directory, not trusted): the engine runs without an SSD tier."""
+
+    def __init__(self, root: str, reason: str) -> None:
+        self.root = root
+        self.reason = reason
+        super().__init__(f"SSD store {root}: {reason}")

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from histate_vllm.store.directio import DirectIOUnsupported, write_direct
 from histate_vllm.store.errors import StoreError, StoreUnavailable
 from histate_vllm.store.layout import tmp_path
 from histate_vllm.store.sysio import SYS
+from histate_vllm.store.trust import DIR_MODE, FILE_MODE
 
 # Buffered writes (no O_DIRECT) go out in pieces of this size, each followed by a hint
 # that starts its writeback at once (posix_fadvise DONTNEED), so the disk works while
@@ -55,11 +57,18 @@ def fsync_dir(path: str) -> None:
 
 
 def make_dir(path: str, *, fsync: bool) -> None:
-    """Create `path` (one level) if missing, and make its entry durable."""
+    """Create `path` (one level, 0700) if missing, and make its entry durable.
+
+    An existing `path` must be a real directory: one replaced by a symlink (the store
+    never makes any) would lead writes and deletes outside the store.
+    """
     try:
-        SYS.mkdir(path, 0o755)
+        SYS.mkdir(path, DIR_MODE)
     except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory (a symlink?)", path)
         return
+    os.chmod(path, DIR_MODE)  # a umask may strip owner bits; never more than 0700
     if fsync:
         fsync_dir(os.path.dirname(path))
 
@@ -82,7 +91,7 @@ def write_atomic(final: str, parts: list, *, fsync: bool, sync_dir: bool = True)
     error raised here means `final` was not replaced.
     """
     tmp = tmp_path(final)
-    fd = SYS.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = SYS.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     total = 0
     try:
         try:
@@ -123,7 +132,7 @@ def write_payload_atomic(
     tmp = tmp_path(final)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT
     try:
-        fd = SYS.open(tmp, flags, 0o644)
+        fd = SYS.open(tmp, flags, FILE_MODE)
     except OSError as e:
         if e.errno == errno.EINVAL:
             raise DirectIOUnsupported(str(e)) from None

@@ -19,6 +19,7 @@ little-endian. A reader trusts nothing that fails its magic, length or checksum.
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 import time
 import zlib
@@ -37,6 +38,26 @@ PAYLOAD_MAGIC = b"HSTPAY01"
 MANIFEST_MAGIC = b"HSTMAN01"
 MAX_KEY_BYTES = 1024
 MAX_PROVENANCE_BYTES = 2048
+
+
+def bounded_provenance(provenance: str) -> str:
+    """`provenance` (a request id) cut to fit a header: a head that stays readable and a
+    hash of the whole, so ids of any length never fail a write."""
+    raw = provenance.encode()
+    if len(raw) <= MAX_PROVENANCE_BYTES:
+        return provenance
+    head = raw[:256].decode(errors="ignore")
+    return f"{head}…sha256:{hashlib.sha256(raw).hexdigest()[:32]}"
+
+
+# Most bytes a manifest or an identity.json may hold: a larger file (or one that never
+# ends, like a link to /dev/zero) is not one the store wrote, and is never read whole.
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_IDENTITY_BYTES = 1 << 20
+# A manifest's state file: `<key hex>.<hex unique per publish>.st` (layout.new_state_file).
+# Checked at decode: the name is joined into paths that are read and deleted, so one
+# naming anything else ("../../victim") is refused, never followed.
+_STATE_FILE = re.compile(r"[0-9a-f]+\.[0-9a-f]+\.st")
 
 
 class FormatError(ValueError):
@@ -279,4 +300,6 @@ def decode_manifest(data: bytes, *, head_only: bool = False) -> Manifest:
         not head_only and not len(m.chunk_checksums) == len(m.chunk_algos) == len(m.chunk_keys)
     ):
         raise FormatError("manifest chunk columns differ in length")
+    if not (_STATE_FILE.fullmatch(m.state_file) and m.state_file.startswith(m.key.hex() + ".")):
+        raise FormatError(f"manifest names a state file outside the store: {m.state_file!r}")
     return m

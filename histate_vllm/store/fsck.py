@@ -9,6 +9,12 @@ manifests, and orphans. --repair deletes bad checkpoints and chunks, orphans old
 than --grace (default 0: run it with the server stopped, or pass a grace period),
 unusable manifests and the quarantine. Exit status 0 when the store is clean (or was
 repaired), 1 when problems remain, 2 on a usage error.
+
+What a stop mid-write leaves (temporary files, chunks and state files no manifest names
+yet: vLLM ends the engine without waiting for the store's writes) is reported as
+leftovers, not problems: nothing refers to them, the next start removes them, and the
+store is as good as after a clean shutdown. Other orphans (unknown files, unusable
+manifests, files that are not regular files) are problems.
 """
 
 from __future__ import annotations
@@ -22,22 +28,27 @@ import msgspec
 
 from histate_vllm.store import gc
 from histate_vllm.store.fileio import remove_quietly
-from histate_vllm.store.format import Kind, StoreIdentity
+from histate_vllm.store.format import MAX_IDENTITY_BYTES, FormatError, Kind, StoreIdentity
 from histate_vllm.store.layout import IDENTITY_FILE, Layout
 from histate_vllm.store.quarantine import iter_manifests
 from histate_vllm.store.reader import BadEntry, Expect, peek_header, verify_stream
-from histate_vllm.store.scan import scan_with_manifests
+from histate_vllm.store.scan import read_small_file, scan_with_manifests
+
+# Orphan reasons (scan) of what a stop in the middle of a write leaves behind.
+LEFTOVER_REASONS = frozenset(
+    {"temporary file", "chunk no manifest names", "state file no manifest names"}
+)
 
 
 def _identity_of(ident_dir: str) -> StoreIdentity | None:
     """The identity a directory holds: identity.json, else any manifest that fits."""
     digest = os.path.basename(os.path.normpath(ident_dir))
     try:
-        with open(os.path.join(ident_dir, IDENTITY_FILE), "rb") as f:
-            ident = msgspec.json.decode(f.read(), type=StoreIdentity)
+        data = read_small_file(os.path.join(ident_dir, IDENTITY_FILE), MAX_IDENTITY_BYTES)
+        ident = msgspec.json.decode(data, type=StoreIdentity)
         if ident.digest() == digest:
             return ident
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+    except (OSError, FormatError, msgspec.DecodeError, msgspec.ValidationError):
         pass
     layout = Layout(os.path.dirname(os.path.normpath(ident_dir)), digest)
     for _, m in iter_manifests(layout):
@@ -51,9 +62,9 @@ def _store_dirs(path: str) -> list[str]:
         os.path.join(path, "manifests")
     ):
         return [path]
-    try:
-        subs = sorted(e.path for e in os.scandir(path) if e.is_dir())
-    except FileNotFoundError:
+    try:  # the store makes no symlinks: never follow one (a loop, or out of the store)
+        subs = sorted(e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False))
+    except OSError:
         return []
     return [d for d in subs if _store_dirs(d) == [d]]
 
@@ -116,7 +127,8 @@ def fsck_store(ident_dir: str, *, repair: bool, grace_s: float) -> dict:
         chunks_ok=len(index.chunks) - len(bad_chunks),
         chunks_bad=[{"key": k.hex(), "reason": r} for k, r in bad_chunks.items()],
         skipped=[{"path": p, "reason": r} for p, r in index.skipped],
-        orphans=[{"path": o.path, "bytes": o.nbytes, "reason": o.reason} for o in index.orphans],
+        orphans=[{"path": o.path, "bytes": o.nbytes, "reason": o.reason,
+                  "leftover": o.reason in LEFTOVER_REASONS} for o in index.orphans],
         quarantined=len(quarantined),
         usage_bytes=gc.usage_bytes(layout),
     )
@@ -142,7 +154,8 @@ def is_clean(r: dict) -> bool:
         return False
     if "repaired" in r:
         return not r["repaired"]["errors"]
-    return not (r["checkpoints_bad"] or r["chunks_bad"] or r["skipped"] or r["orphans"])
+    problems = [o for o in r["orphans"] if not o["leftover"]]
+    return not (r["checkpoints_bad"] or r["chunks_bad"] or r["skipped"] or problems)
 
 
 def _print_text(r: dict) -> None:
@@ -169,8 +182,13 @@ def _print_text(r: dict) -> None:
         print(f"  bad {item['key'][:16]}…: {item['reason']}")
     for item in r["skipped"]:
         print(f"  skipped {item['path']}: {item['reason']}")
-    for item in r["orphans"][:20]:
+    leftovers = [o for o in r["orphans"] if o["leftover"]]
+    for item in [o for o in r["orphans"] if not o["leftover"]][:20]:
         print(f"  orphan {item['path']}: {item['reason']}")
+    if leftovers:
+        print(f"  leftovers of interrupted writes: {len(leftovers)} file(s), "
+              f"{sum(o['bytes'] for o in leftovers)} bytes (a stop mid-write leaves these; "
+              "no entry uses them; the next start or --repair removes them)")
     if "repaired" in r:
         print(
             f"  repaired: removed {r['repaired']['removed_files']} file(s), "
@@ -206,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     if not dirs:
         print(f"fsck: {args.dir}: no store found", file=sys.stderr)
         return 2
-    reports = [fsck_store(d, repair=args.repair, grace_s=args.grace) for d in dirs]
+    try:
+        reports = [fsck_store(d, repair=args.repair, grace_s=args.grace) for d in dirs]
+    except OSError as e:  # whatever is on disk: a message and an exit status, no traceback
+        print(f"fsck: {args.dir}: {e}", file=sys.stderr)
+        return 1
     ok = all(is_clean(r) for r in reports)
     if args.json:
         print(json.dumps({"ok": ok, "stores": reports}, indent=2))

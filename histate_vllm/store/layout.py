@@ -56,6 +56,9 @@ class Layout:
         return os.path.join(self.states_dir, self.fanout(key))
 
     def state_path(self, key: bytes, state_file: str) -> str:
+        # decode_manifest checks names read from disk; this is the last line of defence.
+        if "/" in state_file or state_file in ("", ".", ".."):
+            raise ValueError(f"not a state file name: {state_file!r}")
         return os.path.join(self.state_dir(key), state_file)
 
 

@@ -17,6 +17,7 @@ import socket
 import time
 
 from histate_vllm.store.errors import StoreError
+from histate_vllm.store.trust import FILE_MODE
 
 LOCK_FILE = "engine.lock"
 
@@ -39,7 +40,9 @@ class DirLock:
         """wait_s: how long to retry while another process holds it (an engine being
         restarted may still be exiting)."""
         self.path = os.path.join(directory, LOCK_FILE)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # O_NOFOLLOW: a planted link would have this open (and truncate) its target.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     FILE_MODE)
         deadline = time.monotonic() + wait_s
         try:
             while True:

@@ -35,6 +35,7 @@ from histate_vllm.store.format import (
     Manifest,
     PayloadHeader,
     StoreIdentity,
+    bounded_provenance,
     checksum,
     encode_header,
     encode_manifest,
@@ -106,6 +107,7 @@ class PublishMixin:
         fsyncs the directory now.
         """
         check_key(key)
+        provenance = bounded_provenance(provenance)
         mv = payload_view(payload)
         path = self.layout.chunk_path(key)
         try:
@@ -237,6 +239,7 @@ class PublishMixin:
         one is already published. Returns the bytes on disk the checkpoint owns.
         """
         check_key(key)
+        provenance = bounded_provenance(provenance)
         if position < 0:
             raise ValueError(f"position must be >= 0, got {position}")
         mv = payload_view(payload)

@@ -61,7 +61,7 @@ def iter_manifests(layout: Layout) -> Iterator[tuple[bytes, Manifest]]:
         try:
             data = read_small_file(entry.path)
             yield key, decode_manifest(data)
-        except (FileNotFoundError, FormatError):
+        except (OSError, FormatError):
             continue
 
 

@@ -156,11 +156,22 @@ def read_into(
     return h.nbytes
 
 
+def open_entry(path: str, flags: int = os.O_RDONLY) -> int:
+    """Open a payload file: never through a symlink (the store makes none), never blocking
+    on a FIFO (it reads as empty, so truncated). BadEntry for a symlink or socket."""
+    try:
+        return os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):
+            raise BadEntry(f"not a regular file ({e.strerror})") from None
+        raise
+
+
 def verify_stream(
     path: str, key: bytes, kind: Kind, digest: str, expect: Expect | None = None
 ) -> PayloadHeader:
     """Verify a payload file without a caller buffer (reads it in 8 MiB pieces)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = open_entry(path)
     try:
         h = check_header(fd, key, kind, digest, expect)
         hasher = new_hasher(h.algo)
@@ -187,7 +198,7 @@ def peek_header(path: str, *, prefetch: bool = False) -> tuple[PayloadHeader, in
     also asks the kernel to start reading the whole file in the background.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_entry(path)
     except FileNotFoundError:
         return None
     try:

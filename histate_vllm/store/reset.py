@@ -15,8 +15,9 @@ import shutil
 
 import msgspec
 
-from histate_vllm.store.format import StoreIdentity
+from histate_vllm.store.format import MAX_IDENTITY_BYTES, FormatError, StoreIdentity
 from histate_vllm.store.layout import IDENTITY_FILE, KIND_DIRS
+from histate_vllm.store.scan import read_small_file
 from histate_vllm.store.store import SSDStore
 
 logger = logging.getLogger(__name__)
@@ -63,9 +64,9 @@ def remove_reset_generations(root: str, identity: StoreIdentity) -> list[str]:
         if not e.is_dir(follow_symlinks=False):
             continue
         try:
-            with open(os.path.join(e.path, IDENTITY_FILE), "rb") as f:
-                other = msgspec.json.decode(f.read(), type=StoreIdentity)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            data = read_small_file(os.path.join(e.path, IDENTITY_FILE), MAX_IDENTITY_BYTES)
+            other = msgspec.json.decode(data, type=StoreIdentity)
+        except (OSError, FormatError, msgspec.DecodeError, msgspec.ValidationError):
             continue
         if RESET_MARK not in other.extra or other.digest() != e.name:
             continue

@@ -28,7 +28,14 @@ from histate_vllm.store.format import (
 )
 from histate_vllm.store.layout import Layout
 from histate_vllm.store.directio import DirectIOUnsupported, is_aligned
-from histate_vllm.store.reader import BadEntry, Expect, out_view, peek_header, read_into
+from histate_vllm.store.reader import (
+    BadEntry,
+    Expect,
+    open_entry,
+    out_view,
+    peek_header,
+    read_into,
+)
 from histate_vllm.store.scan import read_small_file
 
 
@@ -69,14 +76,14 @@ class RestoreMixin:
             direct = self._direct_reads and is_aligned(out_view(out))
         except ValueError:
             direct = False  # read_into says what is wrong with `out`, after the open
-        flags = os.O_RDONLY | os.O_CLOEXEC
+        flags = os.O_RDONLY
         try:
-            fd = os.open(path, flags | (os.O_DIRECT if direct else 0))
+            fd = open_entry(path, flags | (os.O_DIRECT if direct else 0))
         except OSError as e:
             if not direct or e.errno != errno.EINVAL:
                 raise
             self._direct_reads, direct = False, False
-            fd = os.open(path, flags)
+            fd = open_entry(path, flags)
         try:
             return read_into(fd, key, kind, self._digest, out, expect, direct=direct)
         except DirectIOUnsupported:
@@ -208,7 +215,7 @@ class RestoreMixin:
         """
         for ck in chunk_keys:
             try:
-                fd = os.open(self.layout.chunk_path(ck), os.O_RDONLY | os.O_CLOEXEC)
+                fd = open_entry(self.layout.chunk_path(ck))
             except OSError:
                 continue
             try:

@@ -10,6 +10,7 @@ for the background garbage pass.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 from histate_vllm.store.format import (
     HEADER_BYTES,
+    MAX_MANIFEST_BYTES,
     FormatError,
     Manifest,
     ManifestHead,
@@ -115,14 +117,38 @@ def walk_files(top: str) -> Iterator[os.DirEntry]:
             continue
 
 
-def read_small_file(path: str) -> bytes:
-    """The whole file; three system calls for a file under 64 KiB (no stat)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+# What opening or reading something that is not a regular file gives (with O_NOFOLLOW and
+# O_NONBLOCK): a symlink, a socket, a FIFO with a writer, a directory.
+_NOT_A_FILE = {errno.ELOOP, errno.ENXIO, errno.EAGAIN, errno.EISDIR}
+
+
+def read_small_file(path: str, limit: int = MAX_MANIFEST_BYTES) -> bytes:
+    """The whole file; three system calls for a file under 64 KiB (no stat).
+
+    Never through a symlink (the store makes none), never blocking on a FIFO, never more
+    than `limit` bytes: FormatError for any of these, so callers skip it with a reason.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno in _NOT_A_FILE:
+            raise FormatError(f"not a regular file ({e.strerror})") from None
+        raise
     try:
         parts = [os.read(fd, _READ_PIECE)]
+        total = len(parts[0])
         while len(parts[-1]) == _READ_PIECE:
+            if total > limit:
+                raise FormatError(f"larger than {limit} bytes, more than its format allows")
             parts.append(os.read(fd, _READ_PIECE))
+            total += len(parts[-1])
+        if total > limit:
+            raise FormatError(f"larger than {limit} bytes, more than its format allows")
         return b"".join(parts)
+    except OSError as e:
+        if e.errno in _NOT_A_FILE:
+            raise FormatError(f"not a regular file ({e.strerror})") from None
+        raise
     finally:
         os.close(fd)
 
@@ -148,9 +174,9 @@ class _Scanner:
         # Full manifests of the listed checkpoints, when the caller wants them (fsck).
         self.manifests: dict[bytes, Manifest] | None = {} if keep_manifests else None
 
-    def _stray(self, entry: os.DirEntry) -> None:
+    def _stray(self, entry: os.DirEntry, reason: str = "") -> None:
         pid = tmp_owner_pid(entry.name)
-        o = _orphan(entry, "temporary file" if pid is not None else "unknown file")
+        o = _orphan(entry, reason or ("temporary file" if pid is not None else "unknown file"))
         if o is not None:
             self.index.orphans.append(o)
 
@@ -183,7 +209,11 @@ class _Scanner:
                 with os.scandir(sub.path) as it:
                     for entry in it:
                         name = entry.name
-                        if name[0] != "." and name.endswith(suffix):
+                        # d_type, no system call: a symlink, FIFO or device under a
+                        # store name is not the store's, and is never opened.
+                        if not entry.is_file(follow_symlinks=False):
+                            self._stray(entry, "not a regular file")
+                        elif name[0] != "." and name.endswith(suffix):
                             found[name] = entry
                         else:
                             self._stray(entry)

@@ -22,12 +22,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from histate_vllm.store.errors import StoreUnusable
 from histate_vllm.store.format import StoreIdentity
 from histate_vllm.store.gc import _removable, _unlink_if_same
 from histate_vllm.store.lock import DirLock
 from histate_vllm.store.reset import rank_identity, remove_reset_generations, wipe
 from histate_vllm.store.scan import StoreIndex
 from histate_vllm.store.store import SSDStore
+from histate_vllm.store.trust import open_root
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +50,22 @@ def open_for_engine(
     """Open rank 0's store as the scheduler: lock it, clean up, return its index.
 
     Raises `StoreLocked` (naming the holder) if another engine holds the directory
-    for `lock_wait_s` seconds.
+    for `lock_wait_s` seconds; `StoreUnusable` (saying why) if the root cannot be used:
+    not creatable (`/dev/null/x`, a read-only file system), not a directory, or not
+    this user's alone (`trust`). The caller then serves without an SSD tier.
     Ranks whose directory does not exist on this host (another node's local disk) are
     left alone; their restores fail verification and fall back to recomputation.
     """
     identity = rank_identity(identity, 0)
+    try:
+        open_root(root)
+    except OSError as e:
+        raise StoreUnusable(root, f"cannot create or open it: {e.strerror or e}") from e
     store = SSDStore(root, identity, budget_bytes=budget_bytes, **store_kwargs)
-    lock = DirLock(store.layout.dir, wait_s=lock_wait_s)
+    try:
+        lock = DirLock(store.layout.dir, wait_s=lock_wait_s)
+    except OSError as e:  # e.g. a read-only file system: no lock, so no writes either
+        raise StoreUnusable(root, f"cannot take its lock: {e.strerror or e}") from e
     report = StartupReport()
     try:
         report.reset_dirs_removed = remove_reset_generations(root, identity)

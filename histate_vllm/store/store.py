@@ -21,12 +21,13 @@ import msgspec
 from histate_vllm.store import gc
 from histate_vllm.store.errors import StoreError, StoreUnavailable
 from histate_vllm.store.fileio import classify, make_dir, write_atomic
-from histate_vllm.store.format import StoreIdentity, default_algo
+from histate_vllm.store.format import MAX_IDENTITY_BYTES, FormatError, StoreIdentity, default_algo
 from histate_vllm.store.layout import STATE_SUFFIX, Layout
 from histate_vllm.store.publish import PublishMixin, payload_view
 from histate_vllm.store.restore import RestoreMixin
 from histate_vllm.store.scan import StoreIndex, read_small_file, scan
 from histate_vllm.store.sysio import SYS
+from histate_vllm.store.trust import DIR_MODE, open_root
 
 __all__ = ["SSDStore", "payload_view"]
 
@@ -49,7 +50,8 @@ class SSDStore(PublishMixin, RestoreMixin):
     ) -> None:
         """Open (creating if needed) the store of `identity` under `root`.
 
-        Never raises on an unusable disk: a store that cannot create its directories
+        Raises `UnsafeStoreDir` if `root` is another user's or writable by others
+        (see `trust`). Otherwise never raises on an unusable disk: a store that cannot create its directories
         works read-only (scans find what exists, writes raise `StoreUnavailable`).
         `fsync=False` keeps crash safety against process crashes but not power loss.
         `direct_io` writes payloads with O_DIRECT (falls back to buffered by itself
@@ -76,8 +78,9 @@ class SSDStore(PublishMixin, RestoreMixin):
         self._dir_syncer = None
         self._unavailable: str | None = None
         try:
-            os.makedirs(self.root, exist_ok=True)
+            open_root(self.root)  # UnsafeStoreDir (not an OSError) goes to the caller
             make_dir(self.layout.dir, fsync=fsync)
+            os.chmod(self.layout.dir, DIR_MODE)  # stores made before 0700 become private
             for d in self.layout.top_dirs:
                 make_dir(d, fsync=fsync)
             self._write_identity_file()
@@ -126,11 +129,11 @@ class SSDStore(PublishMixin, RestoreMixin):
     def _write_identity_file(self) -> None:
         data = msgspec.json.encode(self.identity)
         try:
-            existing = read_small_file(self.layout.identity_path)
+            existing = read_small_file(self.layout.identity_path, MAX_IDENTITY_BYTES)
             if existing == data:
                 return
-        except FileNotFoundError:
-            pass
+        except (FileNotFoundError, FormatError):
+            pass  # replaced below (a rename replaces a link or FIFO, never follows it)
         write_atomic(self.layout.identity_path, [data], fsync=self.fsync)
 
     def _ensure_dir(self, path: str) -> None:

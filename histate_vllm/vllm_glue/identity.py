@@ -7,8 +7,10 @@ keys (the prefix hash function); its digest names the store's directory, so entr
 any other identity are never even looked at.
 
 Weights that cannot be pinned (a callable hf_overrides, dummy weights, a hub model not
-found in the local cache) get `weights="unpinned: ..."`: the store then serves within
-one run and is wiped at the next start (see `store.startup`).
+found in the local cache), and keys that cannot match after a restart (a non-cryptographic
+prefix hash with a random per-process seed: PYTHONHASHSEED unset) get
+`weights="unpinned: ..."`: the store then serves within one run and is wiped at the next
+start (see `store.startup`, which logs why).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from histate_vllm.vllm_glue.layout import CacheLayout
 UNPINNED = "unpinned"
 
 
-def store_identity(vllm_config, layout: CacheLayout) -> StoreIdentity:
-    """Everything that must match for bytes on disk to be valid for this engine."""
+def store_identity(vllm_config, layout: CacheLayout, kv_cache_config=None) -> StoreIdentity:
+    """Everything that must match for bytes on disk to be valid for this engine.
+
+    kv_cache_config: vLLM's, whose `kv_cache_layout` (resolved once by the engine core,
+    adopted by every worker: so scheduler and workers agree) orders the KV page's dims."""
     import vllm
 
     model_config = vllm_config.model_config
@@ -42,6 +47,15 @@ def store_identity(vllm_config, layout: CacheLayout) -> StoreIdentity:
         "quantization_config": _canonical(getattr(model_config, "quantization_config", None)),
         "hash": str(cache_config.prefix_caching_hash_algo),
         "dcp": int(getattr(parallel, "decode_context_parallel_size", 1)),
+        # The page's dimension order (NHD, HND, ...): another layout restores transposed
+        # KV whose checksums pass. And the backend asked for, which chooses it.
+        "kv_cache_layout": str(
+            getattr(kv_cache_config, "kv_cache_layout", None)
+            or getattr(cache_config, "kv_cache_layout", None)
+        ),
+        "attention_backend": str(
+            getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+        ),
     }
     return StoreIdentity(
         model=str(model_config.model),
@@ -67,10 +81,15 @@ def weights_id(vllm_config) -> str:
     overrides = model_config.hf_overrides
     if callable(overrides):
         return f"{UNPINNED}: hf_overrides is a function"
-    load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", "auto"))
+    load_config = getattr(vllm_config, "load_config", None)
+    load_format = str(getattr(load_config, "load_format", "auto"))
     if load_format == "dummy":
         return f"{UNPINNED}: dummy weights"
-    path = _local_model_dir(str(model_config.model), model_config.revision)
+    seed = unpinned_hash_seed(vllm_config)
+    if seed is not None:
+        return f"{UNPINNED}: {seed}"
+    path = _local_model_dir(str(model_config.model), model_config.revision,
+                            getattr(load_config, "download_dir", None))
     if path is None:
         return f"{UNPINNED}: {model_config.model} not found on local disk"
     fingerprint = weights_fingerprint(path)
@@ -78,6 +97,17 @@ def weights_id(vllm_config) -> str:
     if overrides:
         parts.append("overrides=" + _canonical(overrides))
     return "#".join(parts)
+
+
+def unpinned_hash_seed(vllm_config) -> str | None:
+    """Why no key can match after a restart, or None. vLLM seeds its non-cryptographic
+    prefix hashes (xxhash, xxhash_cbor) randomly per process unless PYTHONHASHSEED is set
+    (`kv_cache_utils.resolve_none_hash_seed`): entries of an earlier run are then dead."""
+    algo = str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", ""))
+    if algo.startswith("xxhash") and os.environ.get("PYTHONHASHSEED") is None:
+        return (f"prefix hash {algo} has a random per-process seed; set PYTHONHASHSEED "
+                "to keep entries across restarts")
+    return None
 
 
 def weights_fingerprint(path: Path) -> str:
@@ -96,16 +126,19 @@ def weights_fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _local_model_dir(model: str, revision: str | None) -> Path | None:
+def _local_model_dir(model: str, revision: str | None,
+                     download_dir: str | None = None) -> Path | None:
     """The directory holding the model's files: the path itself, or the hub model's
-    snapshot in the local cache (vLLM downloaded it before the connector starts)."""
+    snapshot in the local cache (vLLM downloaded it before the connector starts; into
+    `download_dir` with --download-dir)."""
     path = Path(model)
     if path.is_dir():
         return path
     try:
         from huggingface_hub import snapshot_download
 
-        local = snapshot_download(model, revision=revision, local_files_only=True)
+        where = {"cache_dir": download_dir} if download_dir else {}
+        local = snapshot_download(model, revision=revision, local_files_only=True, **where)
     except Exception:  # not a hub id, not cached, no huggingface_hub: cannot pin
         return None
     return Path(local) if os.path.isdir(local) else None

@@ -57,6 +57,51 @@ def _group_bytes_per_block(group) -> int:
     return spec.page_size_bytes * len(group.layer_names)
 
 
+# Disk the store keeps for its own files (identity, directories) before any entry.
+SSD_RESERVED_BYTES = 64 << 10
+
+
+def ssd_payload_budget(ssd_bytes: int, layout: CacheLayout, max_model_len: int) -> int:
+    """The policy counts payload bytes; the disk also holds a header per file, a
+    manifest per checkpoint (up to one reference per KV chunk of a full context) and
+    the identity file. Scale the budget so the worst case still fits in ssd_bytes."""
+    from histate_vllm.store import HEADER_BYTES
+
+    max_refs = max_model_len // layout.block_tokens * len(layout.kv_group_ids)
+    per_key = HEADER_BYTES + 256 + 80 * max_refs
+    usable = max(ssd_bytes - SSD_RESERVED_BYTES, 0)
+    return usable * layout.key_bytes // (layout.key_bytes + per_key)
+
+
+def min_ssd_bytes(layout: CacheLayout, max_model_len: int) -> int:
+    """The smallest ssd_bytes whose payload budget holds one entry of this model."""
+    lo, hi = 1, SSD_RESERVED_BYTES + 2 * layout.key_bytes + (1 << 20)
+    while ssd_payload_budget(hi, layout, max_model_len) < layout.key_bytes:
+        hi *= 2
+    while lo < hi:  # the budget grows with ssd_bytes: bisect for the first that fits
+        mid = (lo + hi) // 2
+        if ssd_payload_budget(mid, layout, max_model_len) >= layout.key_bytes:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def check_ssd_bytes(config, layout: CacheLayout, max_model_len: int) -> None:
+    """ConfigError unless `ssd_bytes` holds one entry of this model (with an SSD tier)."""
+    from histate_vllm.config import ConfigError
+
+    if config.ssd_dir is None:
+        return
+    need = min_ssd_bytes(layout, max_model_len)
+    if config.ssd_bytes < need:
+        raise ConfigError(
+            f"HiStateConnector: 'ssd_bytes' must be at least {need} bytes for this model "
+            f"(one {layout.key_bytes}-byte entry, its file header and manifest, and the "
+            f"store's own files), got {config.ssd_bytes}"
+        )
+
+
 def dram_slots(dram_bytes: int, key_bytes: int, ranks: int) -> int:
     """DRAM slots per worker. `dram_bytes` is the engine's total: every worker (tensor
     parallel rank) pins a pool of this many slots, each holding its shard of a key, so

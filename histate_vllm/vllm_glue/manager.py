@@ -28,7 +28,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from histate_vllm.bookkeeping.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.config import HiStateConfig
 from histate_vllm.policy import Tier, make_policy
-from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots
+from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots, ssd_payload_budget
 from histate_vllm.vllm_glue.observer import Observer
 from histate_vllm.vllm_glue.transfer_specs import (
     HiStateLoadSpec,
@@ -63,6 +63,7 @@ class HiStateManager(OffloadingManager):
         self.layout = layout
         self.config = config
         self.store = store
+        self._said_lora = False  # the one log line for LoRA requests (see _may_persist)
         self.tokens_per_hash = tokens_per_hash
         self.hashes_per_block = layout.block_tokens // tokens_per_hash
         self.num_slots = dram_slots(config.dram_bytes, layout.key_bytes, ranks)
@@ -116,15 +117,7 @@ class HiStateManager(OffloadingManager):
         return self.orch.entries
 
     def _ssd_payload_budget(self, ssd_bytes: int, max_model_len: int) -> int:
-        """The policy counts payload bytes; the disk also holds a header per file, a
-        manifest per checkpoint (up to one reference per KV chunk of a full context) and
-        the identity file. Scale the budget so the worst case still fits in ssd_bytes."""
-        from histate_vllm.store import HEADER_BYTES
-
-        max_refs = max_model_len // self.layout.block_tokens * len(self.layout.kv_group_ids)
-        per_key = HEADER_BYTES + 256 + 80 * max_refs
-        usable = max(ssd_bytes - (64 << 10), 0)
-        return usable * self.layout.key_bytes // (self.layout.key_bytes + per_key)
+        return ssd_payload_budget(ssd_bytes, self.layout, max_model_len)
 
     # --- start-up ---
 
@@ -207,7 +200,7 @@ class HiStateManager(OffloadingManager):
         positions = [req_context.get_offload_key_position(k) for k in keys]
         keys_to_store, slots, evicted = self.orch.offer(
             request.request_id, keys, positions, self._block_hashes(request),
-            request.num_prompt_tokens,
+            request.num_prompt_tokens, to_ssd=self._may_persist(request),
         )
         logger.debug("HiState: %s offers %d keys, stores %d", req_context.req_id, len(keys),
                      len(keys_to_store))
@@ -216,6 +209,19 @@ class HiStateManager(OffloadingManager):
             store_spec=HiStateStoreSpec(slots=slots),
             evicted_keys=[OffloadKey(k) for k in evicted],
         )
+
+    def _may_persist(self, request) -> bool:
+        """Whether this request's entries may go to SSD. Not with a LoRA adapter: the
+        store identity does not fingerprint adapter files, so one retrained in place
+        (same name and path) would have its old entries restored after a restart."""
+        if getattr(request, "lora_request", None) is None:
+            return True
+        if self.store is not None and not self._said_lora:
+            self._said_lora = True
+            logger.info("HiState: requests with a LoRA adapter are cached in DRAM only, "
+                        "never written to the SSD store (adapter files are not "
+                        "fingerprinted into the store identity)")
+        return False
 
     def _block_hashes(self, request) -> list[bytes]:
         hpb = self.hashes_per_block

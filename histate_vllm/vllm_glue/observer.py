@@ -16,7 +16,12 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 
 from vllm.logger import init_logger
 
-from histate_vllm.bookkeeping.eventlog import EventLogWriter, Lookup, fingerprints
+from histate_vllm.bookkeeping.eventlog import (
+    EventLogWriter,
+    Lookup,
+    fingerprints,
+    request_scope,
+)
 from histate_vllm.bookkeeping.telemetry import Telemetry, summary
 from histate_vllm.vllm_glue.prom_metrics import to_stats
 
@@ -84,7 +89,8 @@ class Observer:
                 block_tokens=bt, covered=hit_tokens, gpu=gpu_tokens,
                 position=hit.position if hit is not None else 0, shared=shared,
                 cause=miss[0] if miss else "", missed=miss[1] if miss else 0,
-                fps=fingerprints(request.prompt_token_ids or [], bt, len(hashes)),
+                fps=fingerprints(request.prompt_token_ids or [], bt, len(hashes),
+                                 seed=request_scope(request)),
                 nodes=hashes,
             )])
 

@@ -8,10 +8,20 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 
 from histate_vllm.config import HiStateConfig
 from histate_vllm.store import SSDStore, StoreIdentity
+from histate_vllm.store.errors import StoreUnusable
 from histate_vllm.store.startup import open_for_engine
 from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
+
+_said_unusable: set[str] = set()  # roots already reported in this process
+
+
+def _dram_only(e: StoreUnusable) -> None:
+    """Say once per process why the SSD tier is off."""
+    if e.root not in _said_unusable:
+        _said_unusable.add(e.root)
+        logger.warning("HiState: %s; serving with DRAM only", e)
 
 
 class HiStateSpec(OffloadingSpec):
@@ -54,7 +64,11 @@ class HiStateSpec(OffloadingSpec):
         """The worker's store: this rank's shard (the identity names the rank)."""
         if self.store_root is None:
             return None
-        store = SSDStore(self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes)
+        try:
+            store = SSDStore(self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes)
+        except StoreUnusable as e:
+            _dram_only(e)
+            return None
         self._warn_unwritable(store)
         return store
 
@@ -72,10 +86,14 @@ class HiStateSpec(OffloadingSpec):
         first), reconciles the ranks' stores and collects orphans (see store.startup)."""
         if self.store_root is None:
             return None, None, None
-        store, lock, index, report = open_for_engine(
-            self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes,
-            lock_wait_s=10.0,  # a restarted engine's predecessor may still be exiting
-        )
+        try:
+            store, lock, index, report = open_for_engine(
+                self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes,
+                lock_wait_s=10.0,  # a restarted engine's predecessor may still be exiting
+            )
+        except StoreUnusable as e:
+            _dram_only(e)
+            return None, None, None
         self._warn_unwritable(store)
         logger.info(
             "HiState: SSD store %s: %d checkpoints usable, %d orphan files removed, "

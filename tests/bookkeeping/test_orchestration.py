@@ -137,3 +137,22 @@ def test_a_gpu_hit_leaves_the_dram_copies_order_alone():
     assert _dram_after_pressure(restored_from_dram=False) == (False, True)
     # Control: a restore that read A from DRAM makes A's copies the most recent.
     assert _dram_after_pressure(restored_from_dram=True) == (True, False)
+
+
+def test_dram_only_entries_never_go_to_ssd():
+    """A LoRA request's entries (issue 22): DRAM only, neither copied nor spilled to SSD."""
+    orch, policy, clock, _ = build(slots=12, ssd_keys=64, headroom_keys=6)
+    a = hashes(5, b"a")
+    keys = [make_key(h, 0) for h in a] + [make_key(a[-1], 1)]
+    pos = [(i + 1) * BT for i in range(5)] + [5 * BT]
+    orch.note_hit("a", 0)
+    stored, _, _ = orch.offer("a", keys, pos, a, 5 * BT + 1, to_ssd=False)
+    assert stored
+    orch.complete_store(stored, True)
+    assert orch.take_ssd_writes() == []
+    orch.request_finished("a")
+    for i in range(4):  # DRAM pressure: the policy would move a's copies to SSD
+        clock.t += 100
+        _, writes = store(orch, f"b{i}", hashes(5, b"b%d" % i), {5})
+        assert not any(w.key in stored for w in writes)
+    assert not any(orch.entries[k].on_ssd for k in stored if k in orch.entries)

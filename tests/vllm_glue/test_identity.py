@@ -128,3 +128,53 @@ def test_unsupported_parallelism_is_refused(model_dir, name):
     with pytest.raises(ValueError, match=f"{name}=2"):
         check_parallelism(config(model_dir, **{f"parallel__{name}": 2}))
     check_parallelism(config(model_dir))
+
+
+# --- issue 22: layout, backend, hash seed, --download-dir ---
+
+
+def test_kv_cache_layout_changes_the_identity(model_dir):
+    cfg = config(model_dir)
+    nhd = store_identity(cfg, LAYOUT, SimpleNamespace(kv_cache_layout="NHD")).digest()
+    hnd = store_identity(cfg, LAYOUT, SimpleNamespace(kv_cache_layout="HND")).digest()
+    assert nhd != hnd
+    # Without a kv_cache_config (e.g. tools), the cache config's resolved layout counts.
+    cfg.cache_config.kv_cache_layout = "HND"
+    assert store_identity(cfg, LAYOUT).digest() == hnd
+
+
+def test_attention_backend_changes_the_identity(model_dir):
+    cfg = config(model_dir)
+    before = digest(cfg)
+    cfg.attention_config = SimpleNamespace(backend="FLASHINFER")
+    assert digest(cfg) != before
+
+
+@pytest.mark.parametrize("algo", ["xxhash", "xxhash_cbor"])
+def test_random_hash_seed_marks_the_store_unpinned(model_dir, monkeypatch, algo):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    weights = store_identity(config(model_dir, cache__prefix_caching_hash_algo=algo),
+                             LAYOUT).weights
+    assert weights.startswith("unpinned: ") and "PYTHONHASHSEED" in weights
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert not store_identity(config(model_dir, cache__prefix_caching_hash_algo=algo),
+                              LAYOUT).weights.startswith("unpinned")
+
+
+def test_sha256_needs_no_hash_seed(model_dir, monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert not store_identity(config(model_dir), LAYOUT).weights.startswith("unpinned")
+
+
+def test_download_dir_is_where_a_hub_model_is_found(model_dir, monkeypatch):
+    import huggingface_hub
+
+    def snapshot(repo, revision=None, local_files_only=False, cache_dir=None):
+        if cache_dir != "/models":
+            raise FileNotFoundError("not in the default cache")
+        return str(model_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    ident = store_identity(config(model_dir, model__model="org/hub-model",
+                                  load__download_dir="/models"), LAYOUT)
+    assert not ident.weights.startswith("unpinned"), ident.weights

@@ -107,3 +107,48 @@ def test_dram_bytes_is_the_total_across_ranks():
     with pytest.raises(ValueError, match="total across them"):
         HiStateManager(LAYOUT, HiStateConfig(dram_bytes=2 * KEY), tokens_per_hash=BT,
                        max_model_len=8192, ranks=4)
+
+
+def test_lora_requests_stay_out_of_the_ssd_store(tmp_path, monkeypatch):
+    """Adapter files are not in the store identity (issue 22): a LoRA request's entries
+    are offered to DRAM only, said once."""
+    from types import SimpleNamespace
+
+    from histate_vllm.vllm_glue import manager as manager_mod
+
+    store, _, _ = published(tmp_path)
+    m = manager(store)
+    said = []
+    monkeypatch.setattr(manager_mod.logger, "info", lambda *a: said.append(a[0]))
+    offered = []
+    monkeypatch.setattr(m.orch, "offer", lambda *a, **k: offered.append(k) or ([], [], []))
+
+    class Ctx:
+        def __init__(self, rid):
+            self.req_id = rid
+
+        def get_offload_key_position(self, k):
+            return BT
+
+    key = make_key("n0", 0)
+    for rid, lora in (("lora", SimpleNamespace(lora_name="a")), ("base", None), ("l2", 1)):
+        m.register_request(SimpleNamespace(request_id=rid, lora_request=lora,
+                                           block_hashes=[b"h" * 32], num_prompt_tokens=BT))
+        m.prepare_store([key], Ctx(rid))
+    assert [k["to_ssd"] for k in offered] == [False, True, False]
+    assert len([s for s in said if "LoRA" in s]) == 1
+
+
+def test_ssd_bytes_must_hold_one_entry_of_the_model():
+    """Issue 22: ssd_bytes=1 gave a budget of 0; now the connector refuses it, naming the
+    least that holds one entry of this model."""
+    from histate_vllm.config import ConfigError
+    from histate_vllm.vllm_glue.layout import check_ssd_bytes, min_ssd_bytes, ssd_payload_budget
+
+    need = min_ssd_bytes(LAYOUT, 8192)
+    assert ssd_payload_budget(need, LAYOUT, 8192) >= KEY > ssd_payload_budget(need - 1,
+                                                                              LAYOUT, 8192)
+    cfg = HiStateConfig(dram_bytes=KEY, ssd_dir="/x", ssd_bytes=need - 1)
+    with pytest.raises(ConfigError, match=f"at least {need} bytes for this model"):
+        check_ssd_bytes(cfg, LAYOUT, 8192)
+    check_ssd_bytes(HiStateConfig(dram_bytes=KEY, ssd_dir="/x", ssd_bytes=need), LAYOUT, 8192)
