@@ -61,30 +61,28 @@ def _group_bytes_per_block(group) -> int:
 SSD_RESERVED_BYTES = 64 << 10
 
 
-def ssd_payload_budget(ssd_bytes: int, layout: CacheLayout, max_model_len: int) -> int:
-    """The policy counts payload bytes; the disk also holds a header per file, a
-    manifest per checkpoint (up to one reference per KV chunk of a full context) and
-    the identity file. Scale the budget so the worst case still fits in ssd_bytes."""
+def _overhead_per_key(layout: CacheLayout, max_model_len: int) -> int:
+    """Disk bytes beside one key's payload, at worst: its file header and a manifest
+    (up to one reference per KV chunk of a full context)."""
     from histate_vllm.store import HEADER_BYTES
 
     max_refs = max_model_len // layout.block_tokens * len(layout.kv_group_ids)
-    per_key = HEADER_BYTES + 256 + 80 * max_refs
+    return HEADER_BYTES + 256 + 80 * max_refs
+
+
+def ssd_payload_budget(ssd_bytes: int, layout: CacheLayout, max_model_len: int) -> int:
+    """The policy counts payload bytes; the disk also holds a header per file, a
+    manifest per checkpoint and the identity file. Scale the budget so the worst case
+    still fits in ssd_bytes."""
     usable = max(ssd_bytes - SSD_RESERVED_BYTES, 0)
-    return usable * layout.key_bytes // (layout.key_bytes + per_key)
+    key = layout.key_bytes
+    return usable * key // (key + _overhead_per_key(layout, max_model_len))
 
 
 def min_ssd_bytes(layout: CacheLayout, max_model_len: int) -> int:
-    """The smallest ssd_bytes whose payload budget holds one entry of this model."""
-    lo, hi = 1, SSD_RESERVED_BYTES + 2 * layout.key_bytes + (1 << 20)
-    while ssd_payload_budget(hi, layout, max_model_len) < layout.key_bytes:
-        hi *= 2
-    while lo < hi:  # the budget grows with ssd_bytes: bisect for the first that fits
-        mid = (lo + hi) // 2
-        if ssd_payload_budget(mid, layout, max_model_len) >= layout.key_bytes:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    """The smallest ssd_bytes whose payload budget holds one entry of this model:
+    usable * key // (key + overhead) >= key exactly when usable >= key + overhead."""
+    return SSD_RESERVED_BYTES + layout.key_bytes + _overhead_per_key(layout, max_model_len)
 
 
 def check_ssd_bytes(config, layout: CacheLayout, max_model_len: int) -> None:

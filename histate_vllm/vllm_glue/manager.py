@@ -80,7 +80,7 @@ class HiStateManager(OffloadingManager):
             headroom = headroom_bytes(pool_bytes, step_keys * layout.key_bytes)
         budgets = {Tier.DRAM: pool_bytes - headroom}
         if store is not None:
-            budgets[Tier.SSD] = self._ssd_payload_budget(config.ssd_bytes, max_model_len)
+            budgets[Tier.SSD] = ssd_payload_budget(config.ssd_bytes, layout, max_model_len)
         self.policy = make_policy(
             config.policy,
             budgets=budgets,
@@ -115,9 +115,6 @@ class HiStateManager(OffloadingManager):
     @property
     def _entries(self):
         return self.orch.entries
-
-    def _ssd_payload_budget(self, ssd_bytes: int, max_model_len: int) -> int:
-        return ssd_payload_budget(ssd_bytes, self.layout, max_model_len)
 
     # --- start-up ---
 
