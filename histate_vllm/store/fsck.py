@@ -28,11 +28,11 @@ import msgspec
 
 from histate_vllm.store import gc
 from histate_vllm.store.fileio import remove_quietly
-from histate_vllm.store.format import MAX_IDENTITY_BYTES, FormatError, Kind, StoreIdentity
+from histate_vllm.store.format import Kind, StoreIdentity
 from histate_vllm.store.layout import IDENTITY_FILE, Layout
 from histate_vllm.store.quarantine import iter_manifests
 from histate_vllm.store.reader import BadEntry, Expect, peek_header, verify_stream
-from histate_vllm.store.scan import read_small_file, scan_with_manifests
+from histate_vllm.store.scan import read_identity, scan_with_manifests
 
 # Orphan reasons (scan) of what a stop in the middle of a write leaves behind.
 LEFTOVER_REASONS = frozenset(
@@ -43,13 +43,9 @@ LEFTOVER_REASONS = frozenset(
 def _identity_of(ident_dir: str) -> StoreIdentity | None:
     """The identity a directory holds: identity.json, else any manifest that fits."""
     digest = os.path.basename(os.path.normpath(ident_dir))
-    try:
-        data = read_small_file(os.path.join(ident_dir, IDENTITY_FILE), MAX_IDENTITY_BYTES)
-        ident = msgspec.json.decode(data, type=StoreIdentity)
-        if ident.digest() == digest:
-            return ident
-    except (OSError, FormatError, msgspec.DecodeError, msgspec.ValidationError):
-        pass
+    ident = read_identity(ident_dir)
+    if ident is not None and ident.digest() == digest:
+        return ident
     layout = Layout(os.path.dirname(os.path.normpath(ident_dir)), digest)
     for _, m in iter_manifests(layout):
         if m.identity.digest() == digest:

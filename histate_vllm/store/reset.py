@@ -15,9 +15,9 @@ import shutil
 
 import msgspec
 
-from histate_vllm.store.format import MAX_IDENTITY_BYTES, FormatError, StoreIdentity
-from histate_vllm.store.layout import IDENTITY_FILE, KIND_DIRS
-from histate_vllm.store.scan import read_small_file
+from histate_vllm.store.format import StoreIdentity
+from histate_vllm.store.layout import KIND_DIRS
+from histate_vllm.store.scan import read_identity
 from histate_vllm.store.store import SSDStore
 
 logger = logging.getLogger(__name__)
@@ -63,12 +63,8 @@ def remove_reset_generations(root: str, identity: StoreIdentity) -> list[str]:
     for e in entries:
         if not e.is_dir(follow_symlinks=False):
             continue
-        try:
-            data = read_small_file(os.path.join(e.path, IDENTITY_FILE), MAX_IDENTITY_BYTES)
-            other = msgspec.json.decode(data, type=StoreIdentity)
-        except (OSError, FormatError, msgspec.DecodeError, msgspec.ValidationError):
-            continue
-        if RESET_MARK not in other.extra or other.digest() != e.name:
+        other = read_identity(e.path)
+        if other is None or RESET_MARK not in other.extra or other.digest() != e.name:
             continue
         if rank_identity(base_identity(other), 0) == want:
             shutil.rmtree(e.path, ignore_errors=True)

@@ -17,8 +17,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import msgspec
+
 from histate_vllm.store.format import (
     HEADER_BYTES,
+    MAX_IDENTITY_BYTES,
     MAX_MANIFEST_BYTES,
     FormatError,
     Manifest,
@@ -28,6 +31,7 @@ from histate_vllm.store.format import (
 )
 from histate_vllm.store.layout import (
     CHUNK_SUFFIX,
+    IDENTITY_FILE,
     MANIFEST_SUFFIX,
     STATE_SUFFIX,
     Layout,
@@ -151,6 +155,16 @@ def read_small_file(path: str, limit: int = MAX_MANIFEST_BYTES) -> bytes:
         raise
     finally:
         os.close(fd)
+
+
+def read_identity(ident_dir: str) -> StoreIdentity | None:
+    """The identity.json of a store directory, None if missing or not one the store
+    wrote (unreadable, too large, not a regular file, not an identity)."""
+    try:
+        data = read_small_file(os.path.join(ident_dir, IDENTITY_FILE), MAX_IDENTITY_BYTES)
+        return msgspec.json.decode(data, type=StoreIdentity)
+    except (OSError, FormatError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def _orphan(entry: os.DirEntry, reason: str) -> OrphanFile | None:
