@@ -52,7 +52,7 @@ from vllm.v1.outputs import KVConnectorOutput
 from histate_vllm.bookkeeping import rank_reports
 from histate_vllm.bookkeeping.restore_admission import Admission, evictable_blocks
 from histate_vllm.config import HiStateConfig
-from histate_vllm.vllm_glue.cpu_binding import check_worker_binding
+from histate_vllm.vllm_glue.cpu_binding import check_worker_binding, place_worker_threads
 from histate_vllm.vllm_glue.identity import check_parallelism, store_identity, store_root
 from histate_vllm.vllm_glue.layout import CacheLayout, check_ssd_bytes
 from histate_vllm.vllm_glue.offloading_spec import HiStateSpec
@@ -408,6 +408,7 @@ class HiStateConnector(OffloadingConnector):
             self.connector_scheduler = HiStateConnectorScheduler(spec, vllm_config, kv_cache_config)
         elif role == KVConnectorRole.WORKER:
             check_worker_binding()
+            place_worker_threads()
             self.connector_worker = HiStateConnectorWorker(spec, vllm_config, kv_cache_config)
 
     def bind_kv_cache_manager(self, kv_cache_manager) -> None:

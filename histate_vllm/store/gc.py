@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from histate_vllm.store.format import StoreIdentity
+from histate_vllm.store.threads import start_thread
 from histate_vllm.store.layout import Layout, pid_alive
 from histate_vllm.store.quarantine import trim
 from histate_vllm.store.scan import OrphanFile, scan
@@ -115,6 +116,4 @@ def start_background(fn, *, delay_s: float, name: str) -> threading.Thread:
         except Exception:
             logger.exception("store gc pass failed; the store keeps working")
 
-    t = threading.Thread(target=run, name=name, daemon=True)
-    t.start()
-    return t
+    return start_thread(run, name=name, writes=True)

@@ -42,6 +42,7 @@ from histate_vllm.store.format import (
 )
 from histate_vllm.store.layout import Layout, new_state_file
 from histate_vllm.store.reader import BadEntry, peek_header
+from histate_vllm.store.threads import executor
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ class PublishMixin:
         """Threads for a publish's many small waits: chunk header reads, directory fsyncs."""
         with self._lock:
             if self._dir_syncer is None:
-                self._dir_syncer = ThreadPoolExecutor(8, thread_name_prefix="histate-publish")
+                self._dir_syncer = executor(8, "histate-publish", writes=True)
             return self._dir_syncer
 
     def _chunk_ref(self, ck: bytes, owner: bytes) -> ChunkRef:

@@ -12,7 +12,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, wait
 from typing import NamedTuple
 
 from histate_vllm.store import quarantine
@@ -37,6 +37,7 @@ from histate_vllm.store.reader import (
     read_into,
 )
 from histate_vllm.store.scan import read_small_file
+from histate_vllm.store.threads import executor
 
 
 class Read(NamedTuple):
@@ -147,7 +148,7 @@ class RestoreMixin:
         with self._lock:
             pool = getattr(self, "_pool", None)
             if pool is None or self._pool_workers < workers:
-                pool = self._pool = ThreadPoolExecutor(workers, "histate-ssd-read")
+                pool = self._pool = executor(workers, "histate-ssd-read", writes=False)
                 self._pool_workers = workers
             return pool
 

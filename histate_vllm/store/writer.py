@@ -42,12 +42,12 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from histate_vllm.store.errors import StoreError
 from histate_vllm.store.publish import payload_view
 from histate_vllm.store.store import SSDStore
+from histate_vllm.store.threads import executor, start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -125,13 +125,13 @@ class StoreWriter:
         self._running: deque[_Item] = deque()
         self._emit_lock = threading.Lock()  # completions leave in submission order
         self._io = (
-            ThreadPoolExecutor(io_threads, thread_name_prefix=f"{name}-io")
+            executor(io_threads, f"{name}-io", writes=True)
             if io_threads > 1
             else None
         )
         # Checkpoints wait for their chunks here, so later chunks need not wait for them.
         self._publisher = (
-            ThreadPoolExecutor(1, thread_name_prefix=f"{name}-publish")
+            executor(1, f"{name}-publish", writes=True)
             if self._io is not None
             else None
         )
@@ -140,8 +140,7 @@ class StoreWriter:
         self.stats = dict.fromkeys(
             ("submitted", "written", "rejected", "superseded", "failed", "bytes_written"), 0
         )
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, name=name, writes=True)
 
     @property
     def pending_bytes(self) -> int:

