@@ -84,9 +84,14 @@ def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dic
         deferred=_sum(text, "vllm:kv_offload_lookup_async_delay_seconds_count"),
         deferred_s=_sum(text, "vllm:kv_offload_lookup_async_delay_seconds_sum"),
         preemptions=_sum(text, "vllm:num_preemptions_total"),
+        prefill_s=_sum(text, "vllm:request_prefill_time_seconds_sum"),
+        decode_s=_sum(text, "vllm:request_decode_time_seconds_sum"),
+        generated=_sum(text, "vllm:generation_tokens_total"),
         block=int(m.group(1)) if (m := re.search(r"(\d+)-token blocks",
                                                   log.read_text(errors="replace"))) else None,
     )
+    s["decode_ms_per_token"] = (1e3 * s["decode_s"] / s["generated"]
+                                if s["generated"] else float("nan"))
     (work / f"{name}.json").write_text(json.dumps(rep))
     s["outputs"] = {(r["session"], r["pass"], r["index"]): r["output"]
                     for r in rep["requests"] if r.get("ok")}
@@ -145,7 +150,33 @@ ROWS = [
     ("deferred lookups", "deferred", "{:.0f}"),
     ("deferred lookups, total s", "deferred_s", "{:.1f}"),
     ("preemptions", "preemptions", "{:.0f}"),
+    ("prefill time, all requests (s)", "prefill_s", "{:.1f}"),
+    ("decode time, all requests (s)", "decode_s", "{:.1f}"),
+    ("decode ms per generated token", "decode_ms_per_token", "{:.2f}"),
+    ("inter-token gap p99 (s)", "itl_p99", "{:.3f}"),
+    ("longest wait between tokens, one request (s)", "itl_max", "{:.2f}"),
+    ("longest freeze: no token while requests decode (s)", "stall_max", "{:.2f}"),
+    ("freezes over 1 s", "stalls_over_1s", "{:.0f}"),
 ]
+
+
+def targets(base: dict, hi: dict) -> list[tuple[str, bool, str]]:
+    """Issue 26's bar for HiState against vLLM alone in the same run."""
+    worst = max(base["ttft_max"], base["itl_max"])
+    mine = max(hi["ttft_max"], hi["itl_max"])
+    return [
+        ("decode time per token within 5% of vLLM alone's",
+         hi["decode_ms_per_token"] <= 1.05 * base["decode_ms_per_token"],
+         f'{hi["decode_ms_per_token"]:.2f} vs {base["decode_ms_per_token"]:.2f} ms'),
+        ("no request waits more than twice vLLM alone's worst (TTFT or between tokens)",
+         mine <= 2 * worst, f"{mine:.2f} vs {worst:.2f} s"),
+        ("mean TTFT at most half of vLLM alone's", hi["ttft_mean"] <= 0.5 * base["ttft_mean"],
+         f'{hi["ttft_mean"]:.2f} vs {base["ttft_mean"]:.2f} s'),
+        ("p99 TTFT at most half of vLLM alone's", hi["ttft_p99"] <= 0.5 * base["ttft_p99"],
+         f'{hi["ttft_p99"]:.2f} vs {base["ttft_p99"]:.2f} s'),
+        ("at least as many requests completed", hi["completed"] >= base["completed"],
+         f'{hi["completed"]} vs {base["completed"]}'),
+    ]
 
 
 def _table(runs: dict[str, dict]) -> str:
@@ -221,6 +252,9 @@ def main() -> None:
         for b in names[i + 1:]:
             n, same = same_outputs(runs[a]["outputs"], runs[b]["outputs"])
             print(f"same greedy output, {a} and {b}: {same} of the {n} requests both completed")
+    if "vllm" in runs and "histate" in runs:
+        for label, ok, detail in targets(runs["vllm"], runs["histate"]):
+            print(f"{'met' if ok else 'MISSED'}: {label} ({detail})")
     if fsck is not None:
         print(f"fsck of the store after the HiState server's SIGTERM: {fsck}")
     print(f"work directory: {work}")

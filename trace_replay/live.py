@@ -131,13 +131,14 @@ async def _first_model(client, url: str) -> str:
 
 
 async def _complete(client, url: str, model: str, tokens: list[int], max_tokens: int,
-                    timeout: float) -> dict:
+                    timeout: float, t_start: float) -> dict:
     body = {"model": model, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     t0 = time.perf_counter()
     ttft = None
     usage = None
     text: list[str] = []  # greedy output, to compare servers request by request
+    arrivals: list[float] = []  # when each streamed chunk came, s since the replay began
     async with client.stream("POST", f"{url}/v1/completions", json=body,
                              timeout=timeout) as resp:
         if resp.status_code != 200:
@@ -151,8 +152,10 @@ async def _complete(client, url: str, model: str, tokens: list[int], max_tokens:
                 break
             chunk = json.loads(data)
             if chunk.get("choices"):
+                now = time.perf_counter()
+                arrivals.append(round(now - t_start, 4))
                 if ttft is None:
-                    ttft = time.perf_counter() - t0
+                    ttft = now - t0
                 text.append(chunk["choices"][0].get("text") or "")
             if chunk.get("usage"):
                 usage = chunk["usage"]
@@ -162,7 +165,7 @@ async def _complete(client, url: str, model: str, tokens: list[int], max_tokens:
             "prompt_tokens": (usage or {}).get("prompt_tokens", len(tokens)),
             "cached_tokens": details.get("cached_tokens"),
             "completion_tokens": (usage or {}).get("completion_tokens"),
-            "output": "".join(text)}
+            "output": "".join(text), "token_times": arrivals}
 
 
 async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict], str, float]:
@@ -198,7 +201,7 @@ async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict],
                     rec.update(await _complete(
                         client, url, model, tokens,
                         max(1, min(req.output_tokens, cfg.max_output_tokens)),
-                        cfg.request_timeout))
+                        cfg.request_timeout, t_start))
                     rec["ok"] = True
                 except Exception as exc:  # noqa: BLE001 - recorded, never fatal
                     rec.update(ok=False, error=f"{type(exc).__name__}: {exc}")
@@ -208,6 +211,30 @@ async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict],
 
         await asyncio.gather(*(user() for _ in range(max(1, cfg.concurrency))))
     return records, model, time.perf_counter() - t_start
+
+
+def decode_stalls(records: list[dict]) -> dict:
+    """How long the server went without a streamed token while requests were decoding.
+
+    A gap between two consecutive tokens (of any requests) counts when some request had
+    its first token before the gap and its last after it: every decoding request waited.
+    A server that freezes shows here, however its TTFTs average out."""
+    spans = [(r["token_times"][0], r["token_times"][-1]) for r in records
+             if r.get("ok") and len(r.get("token_times") or ()) > 1]
+    times = np.sort(np.concatenate([r["token_times"] for r in records
+                                    if r.get("ok") and r.get("token_times")] or [[]]))
+    gaps = []
+    if len(times) > 1 and spans:
+        first, last = np.array(spans).T
+        for a, b in zip(times[:-1], times[1:]):
+            if b - a > 0 and np.any((first <= a) & (last >= b)):
+                gaps.append(b - a)
+    itl = [b - a for r in records if r.get("ok")
+           for a, b in zip(r.get("token_times") or (), (r.get("token_times") or ())[1:])]
+    return {"stall_max": float(max(gaps, default=0.0)),
+            "stalls_over_1s": int(sum(g > 1.0 for g in gaps)),
+            "itl_p99": float(np.percentile(itl, 99)) if itl else float("nan"),
+            "itl_max": float(max(itl, default=float("nan")))}
 
 
 def summarize(records: list[dict]) -> dict:
@@ -221,7 +248,8 @@ def summarize(records: list[dict]) -> dict:
             "ttft_p99": float(p99), "ttft_max": float(np.max(ttft)),
             "ttft_mean": float(np.mean(ttft)), "prompt_tokens": int(prompt),
             "cached_tokens": int(cached), "hit_rate": cached / prompt if prompt else 0.0,
-            "cached_tokens_reported": any(r.get("cached_tokens") is not None for r in ok)}
+            "cached_tokens_reported": any(r.get("cached_tokens") is not None for r in ok),
+            **decode_stalls(records)}
 
 
 def replay_live(workload: Workload, cfg: LiveConfig, progress: bool = False) -> dict:

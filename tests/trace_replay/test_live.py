@@ -168,3 +168,25 @@ def test_requests_in_flight_at_the_deadline_finish_and_no_more_are_sent():
     # takes 50 ms): it counts as completed, not as an error.
     assert rep["summary"]["completed"] == len(rep["requests"]) == 2
     assert len(_Handler.prompts) == len(rep["requests"])
+
+
+def test_decode_stalls_count_only_gaps_every_decoding_request_waited():
+    from trace_replay.live import decode_stalls
+
+    recs = [
+        # Decodes from 0 to 10 s with a 3-s hole (4 -> 7) that nobody else fills.
+        {"ok": True, "token_times": [0.0, 1.0, 2.0, 3.0, 4.0, 7.0, 8.0, 9.0, 10.0]},
+        # Starts after the hole: its own first token is no stall (a prefill, not a freeze).
+        {"ok": True, "token_times": [20.0, 20.5]},
+        # Idle time between requests (10 -> 20) is not a stall either.
+        {"ok": False, "error": "x"},
+    ]
+    got = decode_stalls(recs)
+    assert got["stall_max"] == 3.0
+    assert got["stalls_over_1s"] == 1
+    assert got["itl_max"] == 3.0
+    # Another request's tokens inside the hole: the server was not frozen.
+    recs.append({"ok": True, "token_times": [4.5, 5.5, 6.5]})
+    got = decode_stalls(recs)
+    assert got["stall_max"] == 1.0 and got["stalls_over_1s"] == 0
+    assert got["itl_max"] == 3.0  # one request still waited that long
