@@ -26,6 +26,8 @@ def _seen_by(start) -> dict:
 
     def probe():
         seen["cpus"] = os.sched_getaffinity(0)
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+            seen["comm"] = f.read().strip()
         seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     start(probe)
@@ -39,6 +41,7 @@ def test_threads_start_on_the_spare_cores_and_writers_yield(placed):
     assert w["cpus"] == r["cpus"] == {placed}
     assert w["nice"] == min(19, base + threads.WRITE_NICE)
     assert r["nice"] == base
+    assert (w["comm"], r["comm"]) == ("t-write", "t-read")  # visible in top -H, py-spy
 
 
 def test_pool_threads_enter_the_placement(placed):
