@@ -55,6 +55,27 @@ def _engine_rss() -> dict[str, int]:
     }
 
 
+def engine_threads() -> list[dict]:
+    """Every thread of every process below this one: its OS name, the CPUs it may run on
+    and its niceness (what tells whether HiState's threads stay off the forward pass)."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            for t in os.listdir(f"/proc/{p.pid}/task"):
+                base = f"/proc/{p.pid}/task/{t}"
+                with open(f"{base}/comm") as f:
+                    comm = f.read().strip()
+                with open(f"{base}/stat") as f:
+                    nice = int(f.read().rsplit(")", 1)[1].split()[16])
+                out.append(dict(pid=p.pid, tid=int(t), name=comm, nice=nice,
+                                cpus=sorted(os.sched_getaffinity(int(t)))))
+        except (OSError, psutil.Error):
+            continue  # the thread or process ended meanwhile
+    return out
+
+
 def run_engine(spec: dict, out_path: str | None = None, *, timeout: float = 1800,
                log_path: str | None = None, progress=None) -> tuple[int, dict, str]:
     """Run SPEC in a fresh process; return (exit code, results, log).
@@ -287,8 +308,9 @@ def main(spec_path: str, out_path: str) -> None:
         if len(batch) > 1:
             results.append(dict(name=req["name"], gpu_cached_tokens=gpu_hits, wall=wall))
     rss = _engine_rss()
+    threads = engine_threads()
     with open(out_path, "w") as f:
-        json.dump(dict(engine=layout, results=results, rss=rss), f)
+        json.dump(dict(engine=layout, results=results, rss=rss, threads=threads), f)
     del llm
 
 

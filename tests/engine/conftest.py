@@ -24,6 +24,7 @@ class EngineRun:
         self.returncode = returncode
         self.results = {r["name"]: r for r in results.get("results", [])}
         self.rss = results.get("rss", {})
+        self.threads = results.get("threads", [])  # offline.engine_threads()
         self.log = log
         # What the engine really ran with (block size, block count): expectations derive
         # from it, since the block size follows the machine (256 or 384 tokens here).

@@ -220,6 +220,27 @@ def test_gpu_hit_completed_past_its_attention_kv(run_u, cold, tolerance):
     assert ok, why
 
 
+def test_background_threads_stay_off_the_forward_pass(run_x, run_v):
+    """HiState's worker threads (SSD writes, publishes, reads) run on the cores vLLM left
+    spare, writes at a lower priority, while the worker's main thread keeps vLLM alone's
+    binding (issue 26: they shared the forward pass's core and the server froze)."""
+    def worker(run):
+        main = [t for t in run.threads if t["name"] == "VLLM::Worker" and t["tid"] == t["pid"]]
+        assert len(main) == 1, run.threads
+        return main[0], [t for t in run.threads if t["pid"] == main[0]["pid"]]
+
+    main, threads = worker(run_x)
+    assert main["cpus"] == worker(run_v)[0]["cpus"]  # vLLM alone's binding
+    ours = [t for t in threads if t["name"].startswith("histate")]
+    assert any(t["name"].startswith("histate-store") for t in ours), threads
+    everything = set().union(*(t["cpus"] for t in run_x.threads))
+    spare = everything - set(main["cpus"])
+    for t in ours:
+        assert set(t["cpus"]) == (spare or set(main["cpus"])), t
+    writers = [t for t in ours if "store" in t["name"] or "publish" in t["name"]]
+    assert writers and all(t["nice"] > main["nice"] for t in writers), writers
+
+
 def test_turn_after_flood_restores_from_dram(run_x):
     assert "HiStateConnector" in run_x.log
     bs = run_x.block_size
