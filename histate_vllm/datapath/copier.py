@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from histate_vllm.datapath.pages import View
+
 # (index of the group, block ids in vLLM's cache, row indices in the host rows)
 Part = tuple[int, Sequence[int], Sequence[int]]
-# One layer's pages in a group: (cache tensor [num_blocks, page] int8, bytes, offset in key)
-View = tuple[torch.Tensor, int, int]
 
 
 class CopyBatch:

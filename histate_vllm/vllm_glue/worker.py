@@ -45,6 +45,7 @@ from vllm.v1.kv_offload.base import (
 
 from histate_vllm.datapath.copier import PageCopier
 from histate_vllm.datapath.hostmem import HostRows
+from histate_vllm.datapath.pages import group_views
 from histate_vllm.datapath.streams import Event, TransferStream, transfer_stream
 from histate_vllm.store import (
     CorruptEntry,
@@ -82,16 +83,10 @@ class HiStateWorker(OffloadingWorker):
     ):
         """streams: (store stream, load stream); by default device streams on a GPU and
         synchronous ones on a CPU. Tests pass fakes for both streams and copier."""
-        # Per offloaded group: (page tensor [num_blocks, page_bytes] int8, bytes, offset in key).
-        self._groups: list[list[tuple[torch.Tensor, int, int]]] = []
-        for refs in kv_caches.group_data_refs:
-            views, offset = [], 0
-            for ref in refs:
-                tensor = kv_caches.tensors[ref.tensor_idx].tensor
-                views.append((tensor, ref.page_size_bytes, offset))
-                offset += ref.page_size_bytes
-            assert offset <= key_bytes, f"group needs {offset} bytes per key, slot has {key_bytes}"
-            self._groups.append(views)
+        # Per offloaded group: (page tensor [num_blocks, page_bytes] int8, bytes, offset in
+        # key), each checked: a layout the copies cannot move stops start-up here.
+        self._groups = group_views([t.tensor for t in kv_caches.tensors],
+                                   kv_caches.group_data_refs, key_bytes)
         device = kv_caches.tensors[0].tensor.device if kv_caches.tensors else torch.device("cpu")
         self._pin = device.type == "cuda"
         self._pool = HostRows(num_slots, key_bytes, pin=self._pin)
