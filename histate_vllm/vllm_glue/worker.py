@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
@@ -46,11 +46,11 @@ from vllm.v1.kv_offload.base import (
 from histate_vllm.datapath.copier import PageCopier
 from histate_vllm.datapath.hostmem import HostRows
 from histate_vllm.datapath.pages import group_views
+from histate_vllm.datapath.ssd_load import SSDLoad, restore
 from histate_vllm.datapath.streams import Event, TransferStream, transfer_stream
 from histate_vllm.store import (
     CorruptEntry,
     MissingEntry,
-    Read,
     SSDStore,
     StoreError,
     StoreWriter,
@@ -113,7 +113,7 @@ class HiStateWorker(OffloadingWorker):
         # The last store into each slot, until an SSD write of it has checked it fired.
         self._slot_filled: dict[int, Event] = {}
         self._ssd_queue: deque[SSDWrite | SSDDelete | SSDReset] = deque()
-        self._loads: dict[int, _SSDLoad] = {}
+        self._loads: dict[int, SSDLoad] = {}
         self._finished: list[TransferResult] = []  # failed by `wait` (timed out)
         # SSD outcomes for the scheduler: key -> written?, and keys found unusable.
         self.ssd_written: dict[bytes, bool] = {}
@@ -158,58 +158,20 @@ class HiStateWorker(OffloadingWorker):
             return True
         if self._staging is None:
             self._staging = HostRows(2 * self.read_ahead, self.key_bytes, pin=self._pin)
-        job = _SSDLoad()
+        job = SSDLoad()
         job.future = self._reader.submit(self._load_with_ssd, src_spec, dst_spec, after,
                                          self._staging, self._io, job)
         self._loads[job_id] = job
         return True
 
     def _load_with_ssd(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec, after: Event | None,
-                       staging: HostRows, io: ThreadPoolExecutor, job: _SSDLoad) -> int:
-        """Restore a job: DRAM keys in one batch, SSD keys read in parallel, each verified
-        before its copy is queued. Returns the bytes moved.
+                       staging: HostRows, io: ThreadPoolExecutor, job: SSDLoad) -> int:
+        """On the reader thread: the job's SSD read pipeline (datapath.ssd_load)."""
+        parts = self._parts(dst, list(range(len(src.keys))))
+        return restore(self.copier, self._load_stream, self.store, self.dram, staging, io,
+                       self.read_ahead, src.keys, src.is_state, src.slots, parts, after, job)
 
-        Nothing restored here can run before the whole job reports success: on failure
-        vLLM recomputes the request and zeroes the blocks it had allocated for the load.
-        Once the job is cancelled (timed out) its blocks may belong to another request, so
-        every copy into them is queued under the job's lock, after checking the flag."""
-        stream, store = self._load_stream, self.store
-        in_dram, on_ssd = [], []  # (group, block id, slot or index in the job)
-        for g, blocks, keys in self._parts(dst, list(range(len(src.keys)))):
-            for block, i in zip(blocks, keys):
-                slot = src.slots[i]
-                (in_dram if slot >= 0 else on_ssd).append((g, block, slot if slot >= 0 else i))
-        nbytes = 0
-        if in_dram:
-            by_group: dict[int, tuple[list[int], list[int]]] = {}
-            for g, block, slot in in_dram:
-                blocks, slots = by_group.setdefault(g, ([], []))
-                blocks.append(block)
-                slots.append(slot)
-            parts = [(g, blocks, slots) for g, (blocks, slots) in by_group.items()]
-            batch = self.copier.batch(parts, self.dram, to_host=False)
-            job.queue(lambda: stream.launch(batch, after=after))
-            nbytes += batch.nbytes
-        ring = len(staging.array)
-        reads = [Read(src.keys[i], src.is_state[i], staging.array[j % ring])
-                 for j, (_, _, i) in enumerate(on_ssd)]
-        # The copy out of each staging row; the previous job's last ones may still run.
-        filled = staging.filled
-        for event in filled:
-            if event is not None:
-                event.synchronize()
-        for j, _ in store.read_many(reads, ahead=self.read_ahead, executor=io):
-            g, block, _ = on_ssd[j]
-            batch = self.copier.batch([(g, [block], [j % ring])], staging.tensor, to_host=False)
-            filled[j % ring] = job.queue(lambda: stream.launch(batch, after=after))
-            nbytes += batch.nbytes
-            # Read j + read_ahead starts next, into the row of copy j + read_ahead - ring.
-            previous = filled[(j + self.read_ahead) % ring]
-            if previous is not None:
-                previous.synchronize()
-        return nbytes
-
-    def _time_out(self, job_id: int, job: _SSDLoad) -> TransferResult:
+    def _time_out(self, job_id: int, job: SSDLoad) -> TransferResult:
         """Fail a load stuck in a read: cancel it, and leave its threads and ring behind."""
         job.cancel()  # waits for a copy being queued; none is queued after this
         logger.warning("HiState: SSD read of job %d took over %.0f s; recomputing instead",
@@ -295,7 +257,7 @@ class HiStateWorker(OffloadingWorker):
         self.poll_ssd()
         return done
 
-    def _ssd_result(self, job_id: int, job: _SSDLoad) -> TransferResult | None:
+    def _ssd_result(self, job_id: int, job: SSDLoad) -> TransferResult | None:
         """The job's outcome once its reads are over and its queued copies have finished."""
         if not job.future.done():
             if time.perf_counter() - job.t0 > self.read_timeout_s:
@@ -356,35 +318,6 @@ def _copy(event: Event, nbytes: int, t0: float) -> tuple[Event, int, float, floa
     bound (it includes waiting for the compute stream)."""
     took = time.perf_counter() - t0 if event.query() else None
     return event, nbytes, t0, took
-
-
-class _SSDLoad:
-    """One load that reads SSD: its reader future, and the copies it has queued.
-
-    `queue` and `cancel` share a lock, so once `cancel` returns no copy is queued for the
-    job, and the last one queued has finished."""
-
-    __slots__ = ("cancelled", "future", "last", "lock", "t0")
-
-    def __init__(self) -> None:
-        self.cancelled = False
-        self.future: Future | None = None
-        self.last: Event | None = None  # the end event of the last copy queued
-        self.lock = threading.Lock()
-        self.t0 = time.perf_counter()
-
-    def queue(self, launch) -> Event:
-        with self.lock:
-            if self.cancelled:
-                raise StoreError("restore cancelled after its timeout")
-            self.last = launch()
-            return self.last
-
-    def cancel(self) -> None:
-        with self.lock:
-            self.cancelled = True
-            if self.last is not None:
-                self.last.synchronize()
 
 
 def _deleter(d: SSDDelete):
