@@ -9,8 +9,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future
 
-import torch
-
 from histate_vllm.datapath.copier import PageCopier
 from histate_vllm.datapath.hostmem import HostRows
 from histate_vllm.datapath.streams import Event, TransferStream
@@ -46,7 +44,7 @@ class SSDLoad:
                 self.last.synchronize()
 
 
-def restore(copier: PageCopier, stream: TransferStream, store: SSDStore, dram: torch.Tensor,
+def restore(copier: PageCopier, stream: TransferStream, store: SSDStore, dram: HostRows,
             staging: HostRows, io: Executor, read_ahead: int, keys: Sequence[bytes],
             is_state: Sequence[bool], slots: Sequence[int], parts, after: Event | None,
             job: SSDLoad) -> int:
@@ -70,7 +68,8 @@ def restore(copier: PageCopier, stream: TransferStream, store: SSDStore, dram: t
             blocks, group_slots = by_group.setdefault(g, ([], []))
             blocks.append(block)
             group_slots.append(slot)
-        batch = copier.batch([(g, b, s) for g, (b, s) in by_group.items()], dram, to_host=False)
+        batch = copier.batch([(g, b, s) for g, (b, s) in by_group.items()], dram.tensor,
+                             to_host=False, breaks=dram.breaks)
         job.queue(lambda: stream.launch(batch, after=after))
         nbytes += batch.nbytes
     ring = len(staging.array)

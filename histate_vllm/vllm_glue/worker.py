@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
@@ -67,6 +67,20 @@ from histate_vllm.vllm_glue.transfer_specs import (
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
 
+def _vllm_swap_op(device: torch.device):
+    """vLLM's batched page copy (`swap_blocks_batch`) on a GPU where vLLM built it."""
+    if device.type != "cuda":
+        return None
+    try:
+        from vllm import _custom_ops as ops
+
+        if hasattr(torch.ops._C_cache_ops, "swap_blocks_batch"):
+            return ops.swap_blocks_batch
+    except (ImportError, AttributeError, RuntimeError):
+        pass
+    return None
+
+
 class HiStateWorker(OffloadingWorker):
     def __init__(
         self,
@@ -89,11 +103,12 @@ class HiStateWorker(OffloadingWorker):
                                    kv_caches.group_data_refs, key_bytes)
         device = kv_caches.tensors[0].tensor.device if kv_caches.tensors else torch.device("cpu")
         self._pin = device.type == "cuda"
+        # Pinned now, at start-up, or PinError: never pageable rows a copy would stall on.
         self._pool = HostRows(num_slots, key_bytes, pin=self._pin)
         self.dram = self._pool.tensor
         self._dram_np = self._pool.array
         self.key_bytes = key_bytes
-        self.copier = copier or PageCopier(self._groups)
+        self.copier = copier or PageCopier(self._groups, swap_fn=_vllm_swap_op(device))
         self._store_stream, self._load_stream = streams or (
             transfer_stream(device), transfer_stream(device)
         )
@@ -105,11 +120,18 @@ class HiStateWorker(OffloadingWorker):
         self.read_timeout_s = ssd_read_timeout_s
         self._reader, self._io = self._new_readers()
         # Staging rows for SSD reads: twice the reads in flight, so a row's copy to the
-        # GPU can run while the next reads fill the others. A new ring with each new
-        # reader: a hung read may still write the old one.
-        self._staging: HostRows | None = None
-        # Copies queued on a stream: job id -> (end event, bytes, submit time, seconds).
-        self._copies: dict[int, tuple[Event, int, float, float | None]] = {}
+        # GPU can run while the next reads fill the others; allocated and pinned here, at
+        # start-up, not on the engine thread at the first load. A new ring with each new
+        # reader, pinned on that reader's thread: a hung read may still write the old one,
+        # which is unregistered once every load that used it is over.
+        self._staging: Future | None = None
+        self._ring_loads: list[Future] = []  # loads that use the current ring
+        self._retired: list[tuple[Future, list[Future]]] = []
+        if store is not None:
+            self._staging = Future()
+            self._staging.set_result(self._new_ring())
+        # Copies queued on a stream: job id -> (end event, bytes).
+        self._copies: dict[int, tuple[Event, int]] = {}
         # The last store into each slot, until an SSD write of it has checked it fired.
         self._slot_filled: dict[int, Event] = {}
         self._ssd_queue: deque[SSDWrite | SSDDelete | SSDReset] = deque()
@@ -124,6 +146,20 @@ class HiStateWorker(OffloadingWorker):
                 ThreadPoolExecutor(max_workers=self.read_ahead,
                                    thread_name_prefix="histate-ssd-read"))
 
+    def _new_ring(self) -> HostRows:
+        return HostRows(2 * self.read_ahead, self.key_bytes, pin=self._pin)
+
+    def _close_retired_rings(self) -> None:
+        """Unregister old staging rings no read can still write (their loads are over)."""
+        keep = []
+        for ring, loads in self._retired:
+            if ring.done() and all(f.done() for f in loads):
+                if ring.exception() is None:
+                    ring.result().close()
+            else:
+                keep.append((ring, loads))
+        self._retired = keep
+
     # --- GPU <-> DRAM ---
 
     def _parts(self, spec: GPULoadStoreSpec, slots):
@@ -137,11 +173,11 @@ class HiStateWorker(OffloadingWorker):
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec) -> bool:
         assert isinstance(dst_spec, HiStateStoreSpec)
-        t0 = time.perf_counter()
-        batch = self.copier.batch(self._parts(src_spec, dst_spec.slots), self.dram, to_host=True)
+        batch = self.copier.batch(self._parts(src_spec, dst_spec.slots), self.dram,
+                                  to_host=True, breaks=self._pool.breaks)
         stream = self._store_stream
         event = stream.launch(batch, after=stream.mark_compute())
-        self._copies[job_id] = _copy(event, batch.nbytes, t0)
+        self._copies[job_id] = (event, batch.nbytes)
         for slot in dst_spec.slots:
             self._slot_filled[slot] = event
         return True
@@ -151,24 +187,26 @@ class HiStateWorker(OffloadingWorker):
         stream = self._load_stream
         after = stream.mark_compute()  # on the engine thread: the compute stream
         if all(slot >= 0 for slot in src_spec.slots):
-            t0 = time.perf_counter()
             batch = self.copier.batch(self._parts(dst_spec, src_spec.slots), self.dram,
-                                      to_host=False)
-            self._copies[job_id] = _copy(stream.launch(batch, after=after), batch.nbytes, t0)
+                                      to_host=False, breaks=self._pool.breaks)
+            self._copies[job_id] = (stream.launch(batch, after=after), batch.nbytes)
             return True
-        if self._staging is None:
-            self._staging = HostRows(2 * self.read_ahead, self.key_bytes, pin=self._pin)
+        if self.store is None:
+            raise ValueError("a load from SSD, but this worker has no SSD store")
         job = SSDLoad()
         job.future = self._reader.submit(self._load_with_ssd, src_spec, dst_spec, after,
                                          self._staging, self._io, job)
+        self._ring_loads.append(job.future)
         self._loads[job_id] = job
         return True
 
     def _load_with_ssd(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec, after: Event | None,
-                       staging: HostRows, io: ThreadPoolExecutor, job: SSDLoad) -> int:
+                       staging: Future, io: ThreadPoolExecutor, job: SSDLoad) -> int:
         """On the reader thread: the job's SSD read pipeline (datapath.ssd_load)."""
         parts = self._parts(dst, list(range(len(src.keys))))
-        return restore(self.copier, self._load_stream, self.store, self.dram, staging, io,
+        # Done: at start-up, or first in this reader's queue after a timeout.
+        ring = staging.result()
+        return restore(self.copier, self._load_stream, self.store, self._pool, ring, io,
                        self.read_ahead, src.keys, src.is_state, src.slots, parts, after, job)
 
     def _time_out(self, job_id: int, job: SSDLoad) -> TransferResult:
@@ -179,7 +217,9 @@ class HiStateWorker(OffloadingWorker):
         self._reader.shutdown(wait=False)
         self._io.shutdown(wait=False)
         self._reader, self._io = self._new_readers()
-        self._staging = None
+        self._retired.append((self._staging, self._ring_loads))
+        self._staging = self._reader.submit(self._new_ring)
+        self._ring_loads = []
         return TransferResult(job_id, False)
 
     # --- DRAM -> SSD ---
@@ -243,16 +283,20 @@ class HiStateWorker(OffloadingWorker):
 
     def get_finished(self) -> list[TransferResult]:
         done, self._finished = self._finished, []
-        now = time.perf_counter()
-        for job_id, (event, nbytes, t0, took) in list(self._copies.items()):
+        for job_id, (event, nbytes) in list(self._copies.items()):
             if event.query():
                 del self._copies[job_id]
-                done.append(TransferResult(job_id, True, nbytes, took or now - t0))
+                # The copy's own time, from events around it on the transfer stream.
+                done.append(TransferResult(job_id, True, nbytes, event.seconds()))
         for job_id, job in list(self._loads.items()):
             result = self._ssd_result(job_id, job)
             if result is not None:
                 del self._loads[job_id]
                 done.append(result)
+        if self._ring_loads and self._ring_loads[0].done():
+            self._ring_loads = [f for f in self._ring_loads if not f.done()]
+        if self._retired:
+            self._close_retired_rings()
         self._pass_ssd_writes()
         self.poll_ssd()
         return done
@@ -310,14 +354,10 @@ class HiStateWorker(OffloadingWorker):
             self.writer.close(drain=True, timeout=60)
         if not self._loads:  # else a hung read's copies might still target it
             self._pool.close()
-
-
-def _copy(event: Event, nbytes: int, t0: float) -> tuple[Event, int, float, float | None]:
-    """A queued copy's record. Its time, for vLLM's transfer metrics: the copy's own where
-    it ran synchronously (a CPU); else from submit to when a poll sees it done, an upper
-    bound (it includes waiting for the compute stream)."""
-    took = time.perf_counter() - t0 if event.query() else None
-    return event, nbytes, t0, took
+        if self._staging is not None:
+            self._retired.append((self._staging, self._ring_loads))
+            self._staging, self._ring_loads = None, []
+        self._close_retired_rings()  # a ring a hung read may still write stays registered
 
 
 def _deleter(d: SSDDelete):
