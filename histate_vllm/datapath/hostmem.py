@@ -1,6 +1,7 @@
 """Host rows the GPU copies from and to: the DRAM slot pool and the SSD staging ring.
 
-Rows are page-aligned anonymous memory (`aligned_buffer`), each starting on a 4 KiB page
+Rows are page-aligned anonymous memory (an anonymous mmap, as the store's `aligned_buffer`;
+not imported from it, so the data path runs without the store's dependencies), each starting on a 4 KiB page
 (padded to whole pages): pages cost nothing until first written, the store writes and
 reads every row with O_DIRECT without a copy, and the allocation is the rows asked for
 (torch's pinned allocator rounds up to a power of two). For a GPU they are then registered
@@ -18,10 +19,10 @@ of rows is cut there.
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import torch
-
-from histate_vllm.store import aligned_buffer
 
 # vLLM's bound (`MAX_HOST_REGISTER_CHUNK_BYTES`): drivers refuse larger single ranges.
 MAX_REGISTER_BYTES = 64 << 30
@@ -52,7 +53,8 @@ class HostRows:
         """cudart: (register(ptr, nbytes) -> error code, unregister(ptr) -> error code),
         by default the device runtime's; tests pass fakes."""
         self.stride = -(-row_bytes // _PAGE) * _PAGE
-        whole = aligned_buffer(num_rows * self.stride).view(np.int8)
+        nbytes = num_rows * self.stride
+        whole = np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), np.int8)[:nbytes]
         whole = whole.reshape(num_rows, self.stride)
         self.array = whole[:, :row_bytes]
         # A view of the whole buffer, so `padded` (whole rows, contiguous) shares its storage.
