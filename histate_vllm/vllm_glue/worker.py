@@ -1,7 +1,11 @@
 """HiStateWorker: moves bytes between vLLM's paged KV cache, a DRAM slot pool and the SSD store.
 
 Runs in the worker process. One offload key is one block of one KV cache group: its page in
-every layer of the group, laid end to end in one DRAM slot (and in one SSD file).
+every layer of the group, laid end to end in one DRAM slot (and in one SSD file). The bytes
+move through the vLLM-free modules of `histate_vllm.datapath` (page views, copier, streams,
+pinned host rows, the SSD read pipeline); this class adapts them to vLLM's worker contract.
+Start-up checks the page layout (`datapath.pages`), pins the DRAM pool and the SSD staging
+ring (or fails: `datapath.hostmem.PinError`).
 
 Nothing here blocks the model step, and nothing is reported done before its bytes are in
 place (see `streams`):
@@ -21,7 +25,8 @@ place (see `streams`):
   copies it had queued have finished (vLLM zeroes and reuses those blocks next).
 - A read that hangs past `ssd_read_timeout_s` fails its job the same way: the job is
   cancelled (it queues nothing more, and its queued copies are waited for), and later
-  reads go to fresh threads and a fresh staging ring.
+  reads go to fresh threads and a fresh staging ring, pinned on the new reader thread; the
+  old ring is unregistered once no read can still write it.
 - Deletes and resets from the scheduler run on the store's writer thread, in order with
   the writes: every rank applies them to its own shard.
 """
