@@ -54,7 +54,7 @@ from histate_vllm.bookkeeping.restore_admission import Admission, evictable_bloc
 from histate_vllm.config import HiStateConfig
 from histate_vllm.vllm_glue.cpu_binding import check_worker_binding, place_worker_threads
 from histate_vllm.vllm_glue.identity import check_parallelism, store_identity, store_root
-from histate_vllm.vllm_glue.layout import CacheLayout, check_ssd_bytes
+from histate_vllm.vllm_glue.layout import CacheLayout, check_kv_cache_pages, check_ssd_bytes
 from histate_vllm.vllm_glue.offloading_spec import HiStateSpec
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
@@ -333,6 +333,12 @@ class HiStateConnectorWorker(OffloadingConnectorWorker):
         self._ssd_writes: list = []
         self._failed_recving: set[str] = set()
 
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        # vLLM views each layer as [num_blocks, page] bytes whatever its strides: a layout
+        # with a block's bytes scattered must stop start-up here, not misplace bytes.
+        check_kv_cache_pages(kv_caches, self.kv_cache_config)
+        super().register_kv_caches(kv_caches)
+
     def prepare_store_kv(self, metadata: OffloadingConnectorMetadata) -> None:
         super().prepare_store_kv(metadata)
         # Deferred like the stores they follow: they read the slots those stores fill.
@@ -432,8 +438,10 @@ class HiStateConnector(OffloadingConnector):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
-        # Whole pages move by block id, which every block-major layout allows.
-        return None
+        # What vLLM's own offloading connector requires (LBHNC; BLHNC with HiSparse): a
+        # block's page is then one contiguous run, which is what every copy here moves.
+        # The worker checks the tensors it gets (check_kv_cache_pages).
+        return OffloadingConnector.get_required_kvcache_layout.__func__(cls, vllm_config)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         _, finished_recving = self.get_finished(finished_req_ids)

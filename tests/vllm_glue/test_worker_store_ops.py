@@ -155,6 +155,54 @@ def test_flush_wait_cancels_a_hung_read_before_returning(tmp_path):
     w.shutdown()
 
 
+def test_staging_rings_are_made_at_start_up_and_off_the_engine_thread_and_closed(
+        tmp_path, monkeypatch):
+    """The SSD staging ring is allocated (and, on a GPU, pinned) when the worker starts,
+    not at the first load; after a read timeout the fresh ring is made on the new reader
+    thread, and the old one is closed (unregistered) only once its hung read has returned;
+    shutdown closes the rest."""
+    from histate_vllm.vllm_glue import worker as worker_mod
+
+    made, closed = [], []
+
+    class Rows(worker_mod.HostRows):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append((self, threading.current_thread().name))
+
+        def close(self):
+            closed.append(self)
+            super().close()
+
+    monkeypatch.setattr(worker_mod, "HostRows", Rows)
+    store = HungStore(tmp_path, IDENTITY, budget_bytes=1 << 30)
+    k = make_key("k")
+    store.write_chunk(k, make_payload(KEY_BYTES, "k"), provenance="p")
+    w, pages = make_worker(store, timeout=0.5)
+    main = threading.current_thread().name
+    assert [t for _, t in made] == [main, main]  # the DRAM pool, then the staging ring
+    first = made[1][0]
+    assert w._staging.result() is first and len(first.array) == 2 * w.read_ahead
+    w.submit_load(1, HiStateLoadSpec(slots=[-1], keys=[k], is_state=[False]), gpu_spec([3]))
+    assert store.entered.wait(5)
+    time.sleep(0.6)
+    assert [(r.job_id, r.success) for r in w.get_finished()] == [(1, False)]
+    second = w._staging.result(timeout=5)
+    assert second is not first and made[-1] == (second, made[-1][1])
+    assert made[-1][1].startswith("histate-ssd-load")  # not the engine thread
+    w.get_finished()
+    assert first not in closed  # the hung read may still write it
+    store.release.set()
+    assert store.returned.wait(10)
+    deadline = time.time() + 10
+    while first not in closed and time.time() < deadline:
+        w.get_finished()
+        time.sleep(0.01)
+    assert first in closed and second not in closed
+    w.shutdown()
+    assert second in closed
+
+
 @pytest.mark.parametrize("value", [0, -1, "soon", "0", True, float("inf")])
 def test_read_timeout_must_be_positive_seconds(value):
     from histate_vllm.config import ConfigError, HiStateConfig

@@ -47,6 +47,9 @@ class FakeEvent:
     def synchronize(self) -> None:
         self.stream.run_until(self)
 
+    def seconds(self):
+        return 0.25 if self.fired else None  # what a device's timing events would say
+
 
 class FakeStream:
     """Queues launched copies; `run()` (or synchronizing an event) runs them in order."""
@@ -113,7 +116,10 @@ def test_store_is_done_only_when_its_copy_has_run():
     assert log == [("mark", "store", log[0][2]), ("launch", "store", log[0][2])]
     assert finished(w) == [] and not w.dram[3].any()
     store_s.run()
-    assert finished(w) == [(1, True)]
+    [result] = w.get_finished()
+    assert (result.job_id, result.success) == (1, True)
+    # The copy's own time from the stream's events, not the time since submit.
+    assert result.transfer_time == 0.25 and result.transfer_size == KEY_BYTES
     np.testing.assert_array_equal(w.dram[3].numpy().view(np.uint8), payload)
     w.shutdown()
 
