@@ -278,6 +278,12 @@ class Residency:
             self._flush()
             e = self.ev.next_copy(tier, aside_c, spill is not None)
             if e is not None:
+                if self.ev.stuck:  # a historical checkpoint that cannot move: deleted
+                    self._emit(ev.EVICT, e, tier, "DRAM full; historical checkpoint whose "
+                               "KV is not on SSD (it cannot move there)")
+                    out.append((e.key, tier))
+                    self._forget(e, tier, self.clock())
+                    continue
                 if not e.resident & TIER_BIT[other]:  # a KV chunk in DRAM only: moves down
                     e.pending |= _SSD
                     self.used[Tier.SSD] += e.nbytes

@@ -72,6 +72,9 @@ class CoreAdapter(SimPolicy):
             self.core, BytePool(ctx.dram_bytes), block_tokens=self.B, kv_groups=[KV_GROUP],
             state_groups=[STATE_GROUP], key_bytes=lambda is_state: sb if is_state else kvb,
             has_ssd=ctx.ssd_bytes > 0,
+            # As HiStateManager: never more SSD writes out than the writer's queue takes.
+            write_budget=ctx.drive.queue_bytes
+            if ctx.drive is not None and ctx.drive.charge_writes else None,
         )
         self.n = {"loads": 0, "state_offers": 0, "states_stored": 0, "restorable_tokens": 0,
                   "restorable_from_ssd_tokens": 0}

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-_EPS = 1e-12  # s of drive time
+_EPS = 1e-9  # s of drive time; float error on times of ~1e5 s is ~1e-11
 
 
 class Drive:
@@ -48,7 +48,7 @@ class Drive:
 
     def _advance(self, now: float) -> None:
         """Serve both queues up to `now`, collecting completions."""
-        while now > self.t + _EPS and (self.reads or self.writes):
+        while now > self.t and (self.reads or self.writes):
             queues = [q for q in (self.reads, self.writes) if q]
             n = len(queues)
             # Wall time until the first head finishes at 1/n of the drive each.

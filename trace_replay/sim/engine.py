@@ -303,6 +303,8 @@ class Simulator:
             for cb, arg in drive.advance(now):  # reads and writes done by now
                 cb(arg)
             if kind == _DRIVE:
+                if payload == drive_version:  # the current wake: schedule the next one
+                    drive_version = -1  # (float error can leave a head a hair short)
                 continue
             if kind == _ARRIVE:
                 s, k = payload
