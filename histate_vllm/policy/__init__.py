@@ -52,8 +52,8 @@ def make_policy(
         kv_bytes_per_token (for M; else learned), keep_backups (SSD never drops the backup
         copy of what DRAM holds: restarts keep more, the tiers' capacities do not add up),
         drop_stuck (DRAM pressure deletes a historical checkpoint that cannot move to SSD
-        instead of moving live KV down in its place: lower mean TTFT, lower recovery;
-        off by default, benchmarks/results_trace_replay.md "Issue 21").
+        and was not hit within tau, instead of moving live KV down in its place; off by
+        default: not a robust win, benchmarks/results_trace_replay.md "Issue 21").
     """
     if record == "":
         # "{pid}" in the path keeps the engines of one test run apart.

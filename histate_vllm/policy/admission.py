@@ -274,6 +274,7 @@ class Residency:
         aside_u: list = []
         aside_c: list = []
         other = Tier.SSD if tier == Tier.DRAM else Tier.DRAM
+        self.ev.stuck_before = self.clock() - self.ev.tau
         while self.used[tier] > budget:
             self._flush()
             e = self.ev.next_copy(tier, aside_c, spill is not None)

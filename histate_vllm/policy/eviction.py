@@ -115,12 +115,15 @@ class Evictor:
         # only in DRAM down to SSD, in the order it drops backed copies (rank, then LRU).
         self.move_down = True
         # True (with move_down): under DRAM pressure a historical checkpoint that cannot
-        # move to SSD (a KV chunk before it is not there; its manifest needs them) is
-        # deleted from DRAM in its stage-1 turn instead of waiting there while live KV
+        # move to SSD (a KV chunk before it is not there; its manifest needs them) and was
+        # not hit within tau is deleted from DRAM in its stage-1 turn instead of waiting there while live KV
         # chunks move down in its place: it is read at most once per fork, the KV on
         # every turn (issue 21). `stuck` tells the caller the copy it got is such a one.
         self.drop_stuck = False
         self.stuck = False
+        # Only one not hit since this time (set by the core before each pass: now - tau,
+        # the learned reuse interval): one hit more recently may still be forked from.
+        self.stuck_before = 0.0
         self.q = 0.5  # set by the core from its terminal-reuse EMA before each flush
         self.token_bytes = 1.0  # bytes of one token of KV (all groups), set by the core
         # DRAM-only historical checkpoint -> the node of the KV chunk found not on SSD the
@@ -302,7 +305,7 @@ class Evictor:
                     aside.append(top)
                     continue
                 if e.kind is not _KV and not self._kv_on_ssd(e):
-                    if not self.drop_stuck:
+                    if not self.drop_stuck or e.node.t_last > self.stuck_before:
                         aside.append(top)
                         continue
                     stuck = True
