@@ -158,7 +158,7 @@ def test_dram_only_entries_never_go_to_ssd():
     assert not any(orch.entries[k].on_ssd for k in stored if k in orch.entries)
 
 
-def test_write_budget_skips_backups_and_holds_moves_until_writes_land():
+def test_write_budget_defers_backups_and_holds_moves_until_writes_land():
     """The SSD writer drops what is over its queue bound: the orchestrator never hands it
     more. Backups over the budget wait for the next call (the DRAM copy serves); moves, which carry
     data held nowhere else, wait in order for room."""
