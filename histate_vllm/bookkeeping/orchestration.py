@@ -575,6 +575,15 @@ class Orchestrator:
         return [key for key, _ in evict if key not in self.entries]
 
     def reset_cache(self) -> None:
+        # Moves still waiting for write budget fail now: handed out after the reset, their
+        # bytes (computed before it) would land in the store the reset starts.
+        waiting, self._spills = self._spills, []
+        for w in waiting:
+            entry = self.entries.get(w.key)
+            if entry is not None and entry.ssd_pending:
+                self._writing += entry.nbytes  # on_ssd_written takes it back
+        if waiting:
+            self.on_ssd_written({w.key: False for w in waiting})
         for key, entry in list(self.entries.items()):
             if entry.slot >= 0 and not entry.ssd_pending:
                 self._release_slot(key, entry)

@@ -196,3 +196,29 @@ def test_write_budget_defers_backups_and_holds_moves_until_writes_land():
     for k in keys:  # nothing lost: every key of a is still readable somewhere
         assert orch.readable(k)
     policy.check_invariants()
+
+
+def test_a_reset_fails_the_moves_still_waiting_for_write_budget():
+    """A move not handed out when the connector resets must never be handed out after it:
+    its bytes would land in the new store."""
+    clock = Clock()
+    policy = make_policy("histate", budgets={Tier.DRAM: 4 * KEY, Tier.SSD: 64 * KEY},
+                         block_tokens=BT, interval=1 << 30, clock=clock, kv_groups=[0],
+                         state_groups=[1], kv_bytes_per_token=KEY / BT)
+    orch = Orchestrator(policy, SlotPool(12, KEY), block_tokens=BT, kv_groups=[0],
+                        state_groups=[1], key_bytes=lambda s: KEY, has_ssd=True,
+                        write_budget=KEY)
+    for salt in (b"a", b"b"):
+        clock.t += 10
+        h = hashes(4, salt)
+        orch.note_hit(salt.decode(), 0)
+        stored, _, _ = orch.offer(salt.decode(), [make_key(x, 0) for x in h],
+                                  [(i + 1) * BT for i in range(4)], h, 4 * BT + 1)
+        orch.complete_store(stored, True)
+        orch.request_finished(salt.decode())
+    out = orch.take_ssd_writes()  # one write out (the budget), the rest wait
+    assert len(out) == 1 and orch.stats["spills_waiting"] > 0
+    orch.reset_cache()
+    orch.on_ssd_written({w.key: False for w in out})
+    assert orch.take_ssd_writes() == []
+    assert orch.pool.in_use() == 0 and not orch.entries
