@@ -158,6 +158,67 @@ def hierarchy(reps: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
+CLASSES = ("append", "internal", "fork", "cold")
+SIDE_BY_SIDE = ("histate", "vllm-disk")
+
+
+def _cls(m: dict, c: str) -> str:
+    x = m.get("classes", {}).get(c)
+    return "-" if x is None else f"{x['ttft_mean']:.3f}"
+
+
+def bytes_and_classes(reps: dict[str, dict]) -> str:
+    """Per run: bytes restored per tier, SSD bytes read and written (and dropped by the
+    write queue), mean TTFT by request class (trace_replay.metrics.request_classes)."""
+    names = sorted(reps, key=seed_of)
+    first = reps[names[0]]
+    counts = " / ".join(f"{c} {first['histate'].get('classes', {}).get(c, {}).get('count', 0)}"
+                        for c in CLASSES)
+    rows = [f"Requests per class at seed 0: {counts}.", "",
+            "| seed | policy | DRAM GB restored | SSD GB read | SSD GB written | "
+            "SSD GB dropped (writes) | mean s | append s | internal s | fork s | cold s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for k in names:
+        for n in SIDE_BY_SIDE:
+            if n not in reps[k]:
+                continue
+            m = reps[k][n]
+            st = m["stats"]
+            rows.append(
+                f"| {seed_of(k)} | {n} | {m['restored_dram_gb']:.0f} | "
+                f"{m['restored_ssd_gb']:.0f} | {fmt(st.get('ssd_written_gb'), '.0f')} | "
+                f"{fmt(st.get('ssd_write_gb_dropped'), '.0f')} "
+                f"({st.get('ssd_writes_dropped', '-')}) | {m['ttft_mean']:.3f} | "
+                + " | ".join(_cls(m, c) for c in CLASSES) + " |")
+    return "\n".join(rows)
+
+
+def classes_pooled(reps: dict[str, dict]) -> str:
+    """Mean TTFT by request class over every seed's requests, every policy."""
+    names = sorted(reps, key=seed_of)
+    pols = [n for n in ORDER if all(n in reps[k] for k in names)]
+    rows = ["| policy | mean s | append s | internal s | fork s | cold s | SSD GB read per run "
+            "| SSD GB written per run |", "|---|---|---|---|---|---|---|---|"]
+    tot = {c: sum(reps[k]["histate"].get("classes", {}).get(c, {}).get("count", 0)
+                  for k in names) for c in CLASSES}
+    for n in pols:
+        cells = []
+        for c in CLASSES:
+            xs = [reps[k][n].get("classes", {}).get(c) for k in names]
+            xs = [x for x in xs if x]
+            cnt = sum(x["count"] for x in xs)
+            cells.append(f"{sum(x['ttft_mean'] * x['count'] for x in xs) / cnt:.3f}"
+                         if cnt else "-")
+        mean = sum(reps[k][n]["ttft_mean"] for k in names) / len(names)
+        rd = sum(reps[k][n]["restored_ssd_gb"] for k in names) / len(names)
+        wr = [reps[k][n]["stats"].get("ssd_written_gb") for k in names]
+        wr = sum(wr) / len(wr) if None not in wr else None
+        rows.append(f"| {n} | {mean:.3f} | {' | '.join(cells)} | {rd:.0f} | "
+                    f"{fmt(wr, '.0f')} |")
+    rows.append(f"| (requests, all seeds) | | {' | '.join(str(tot[c]) for c in CLASSES)} | | |")
+    return "\n".join(rows)
+
+
 def mutation(d: Path) -> str:
     reps = load(d, "mut-p*-s*.json")
     by_p: dict[str, list[dict]] = {}
@@ -200,6 +261,8 @@ def main() -> None:
         print(f"The same check for every policy:\n\n{target_by_policy(reps)}\n")
         print(f"All seeds pooled:\n\n{pooled(reps)}\n")
         print(f"Hierarchy and restarts:\n\n{hierarchy(reps)}\n")
+        print(f"Bytes and request classes per run:\n\n{bytes_and_classes(reps)}\n")
+        print(f"Request classes, all seeds pooled:\n\n{classes_pooled(reps)}\n")
     print(f"### Mutation microbenchmark\n\n{mutation(d)}\n")
     tl = load(d, "tl-s*.json")
     if tl:

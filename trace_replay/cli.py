@@ -19,6 +19,8 @@ from pathlib import Path
 from .costmodel import DEFAULT_DRAM_BYTES, DEFAULT_SSD_BYTES, DEVICES, MODELS, GiB
 from .model import Workload
 
+DEFAULT_SSD_QUEUE_BYTES = 256 << 20  # HiStateConfig.ssd_queue_bytes (checked in tests)
+
 ALL = "all"
 
 
@@ -83,6 +85,15 @@ def _seconds_or_none(x: str) -> float:
     return v
 
 
+def _mib_or_none(x: str) -> int | None:
+    if x.strip().lower() in ("none", "inf", "off"):
+        return None
+    v = float(x)
+    if v <= 0:
+        raise argparse.ArgumentTypeError("--ssd-queue-mib wants MiB > 0 or 'none'")
+    return int(v * (1 << 20))
+
+
 def _gib(x: str) -> int:
     return int(float(x) * GiB)
 
@@ -110,6 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mfu", type=float, help="override the device's sustained fraction")
     s.add_argument("--histate-option", action="append", default=[], metavar="KEY=VALUE",
                    help="option of HiState's policy core, e.g. tau=3600 (repeatable)")
+    s.add_argument("--ssd-writes", choices=["charged", "free"], default="charged",
+                   help="charged (default): SSD writes share the drive with restores through "
+                        "the engine's bounded write queue, which drops what does not fit; "
+                        "free: instant and never dropped (before issue 21)")
+    s.add_argument("--ssd-queue-mib", type=_mib_or_none, dest="ssd_queue_bytes",
+                   default=DEFAULT_SSD_QUEUE_BYTES,
+                   help="bound on queued SSD writes, MiB, or 'none' (default: the "
+                        f"connector's ssd_queue_bytes, {DEFAULT_SSD_QUEUE_BYTES >> 20})")
+    s.add_argument("--ssd-write-gbps", type=float,
+                   help="SSD write bandwidth, GB/s (default: the device's SSD bandwidth)")
     s.add_argument("--concurrency", type=int, default=24,
                    help="live main sessions (default 24, the paper's session concurrency)")
     s.add_argument("--concurrent-prefills", type=int, default=1, metavar="K",
@@ -152,7 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="draw Figures 8-11-style charts from simulate JSONs")
     p.add_argument("reports", nargs="+", type=Path)
     p.add_argument("--out", type=Path, default=Path("figures"))
-    p.add_argument("--figures", default="8,9,10,11,12")
+    p.add_argument("--figures", default="8,9,10,11,12",
+                   help="8-12: the paper's figures; 13: TTFT CDFs by request class, every "
+                        "report given pooled (give the admission orders of one replay)")
+    p.add_argument("--name", default="", help="title of figure 13 (default: the workload)")
 
     v = sub.add_parser("live", help="replay against a running OpenAI-compatible server")
     _add_inputs(v)
@@ -192,7 +216,9 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     cfg = SimConfig(
         model=a.model, device=a.device, gpu_bytes=a.gpu_bytes, dram_bytes=a.dram_bytes,
         ssd_bytes=a.ssd_bytes, block_tokens=a.block_tokens, chunk_tokens=a.chunk_tokens,
-        mfu=a.mfu, core_options=_options(a.histate_option),
+        mfu=a.mfu, core_options=_options(a.histate_option), ssd_writes=a.ssd_writes,
+        ssd_queue_bytes=a.ssd_queue_bytes, ssd_write_bw=a.ssd_write_gbps * 1e9
+        if a.ssd_write_gbps else None,
         replay=ReplaySettings(concurrency=a.concurrency, seed=a.seed, ramp=ramp,
                               gap=a.gap, max_delay=a.max_delay, time_scale=a.time_scale,
                               max_context=a.max_context, think_scale=a.think_scale,
@@ -295,7 +321,7 @@ def cmd_plot(a: argparse.Namespace) -> int:
     from .plot import plot_reports
 
     figs = {int(x) for x in a.figures.split(",") if x.strip()}
-    for path in plot_reports(a.reports, a.out, figs):
+    for path in plot_reports(a.reports, a.out, figs, a.name):
         print(f"wrote {path}")
     return 0
 

@@ -68,3 +68,50 @@ def summarize(ttft: np.ndarray, hit: np.ndarray, input_tokens: np.ndarray,
             out[f"{label}_hit_rate"] = hit_rate(hit[m], input_tokens[m])
             out[f"{label}_count"] = int(m.sum())
     return out
+
+
+# Request classes (issue 21), from the workload alone, so every policy is compared on the
+# same requests: what a cache could give a request depends on where its prompt leaves what
+# was sent before it.
+CLASSES = ("append", "internal", "fork", "cold")
+
+
+def request_classes(blocks: list[list[int]], sessions: list[str], order) -> list[str]:
+    """Per request (indexed like `blocks`): `append` = its session's previous prompt is a
+    prefix of it (the next turn); `internal` = it leaves a context of its own session before
+    that context's end (a rewind or rewrite); `fork` = its longest prefix sent before came
+    from another session (a subagent, or a prompt shared across sessions); `cold` = no full
+    block of it was sent before. `order`: the requests in the order they were sent. Block
+    ids are chained (an id names its whole prefix)."""
+    owner: dict[int, str] = {}  # block id -> the session that first sent it
+    last: dict[str, list[int]] = {}  # session -> its previous prompt's blocks
+    out = [""] * len(blocks)
+    for i in order:
+        b, s = blocks[i], sessions[i]
+        m = 0
+        while m < len(b) and b[m] in owner:
+            m += 1
+        prev = last.get(s)
+        if m == 0:
+            cls = "cold"
+        elif prev and len(prev) <= m and b[len(prev) - 1] == prev[-1]:
+            cls = "append"
+        elif owner[b[m - 1]] == s:
+            cls = "internal"
+        else:
+            cls = "fork"
+        out[i] = cls
+        for x in b:
+            owner.setdefault(x, s)
+        last[s] = b
+    return out
+
+
+def class_means(ttft: np.ndarray, classes: np.ndarray) -> dict:
+    """Mean TTFT and count per request class."""
+    out = {}
+    for c in CLASSES:
+        m = classes == c
+        if m.any():
+            out[c] = {"count": int(m.sum()), "ttft_mean": float(np.mean(ttft[m]))}
+    return out

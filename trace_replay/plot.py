@@ -126,6 +126,41 @@ def fig12(rep: dict, out: Path) -> Path | None:
     return _save(fig, out / f"fig12_ttft_cdf_{_slug(rep['workload']['name'])}.png", dpi=110)
 
 
+CLASS_POLICIES = ("histate", "vllm-disk", "histate-mirror", "unlimited")
+
+
+def fig13(reps: list[dict], out: Path, name: str = "") -> Path | None:
+    """TTFT CDFs by request class (append, internal hit, fork, cold: metrics.CLASSES),
+    HiState beside vLLM-Disk, over the requests of every report given (admission orders
+    of one replay)."""
+    from .metrics import CLASSES
+
+    prs = [r.get("per_request") for r in reps]
+    if not prs or not all(pr and pr.get("class") for pr in prs):
+        return None
+    plt = _plt()
+    pols = [n for n in CLASS_POLICIES if all(n in pr["ttft"] for pr in prs)]
+    cls = np.concatenate([np.array(pr["class"], dtype=object) for pr in prs])
+    fig, axes = plt.subplots(1, len(CLASSES) + 1, figsize=(16, 3.6), sharey=True)
+    for ax, c in zip(axes, ("all", *CLASSES)):
+        m = np.ones(len(cls), bool) if c == "all" else cls == c
+        for n in pols:
+            t = np.concatenate([np.array(pr["ttft"][n], dtype=float) for pr in prs])[m]
+            if not len(t):
+                continue
+            t = np.sort(t)
+            ax.plot(t, np.arange(1, len(t) + 1) / len(t), "--" if n == "histate-mirror"
+                    else "-", label=f"{n} (mean {t.mean():.3f} s)", color=COLORS.get(n), lw=1.2)
+        ax.set_xscale("log")
+        ax.set_xlabel("TTFT (s)")
+        ax.set_title(f"{c}: {int(m.sum())} requests")
+        ax.legend(fontsize=6, loc="lower right")
+    axes[0].set_ylabel("fraction of requests")
+    title = name or reps[0]["workload"]["name"]
+    fig.suptitle(f"{title}: TTFT by request class, {len(reps)} admission order(s) pooled")
+    return _save(fig, out / f"fig13_ttft_cdf_classes_{_slug(title)}.png", dpi=110)
+
+
 def fig10(rep: dict, out: Path) -> Path | None:
     pols = [n for n in ABLATION_ORDER if n in rep and "sensitive_ttft_mean" in rep[n]]
     if len(pols) < 2:
@@ -182,7 +217,8 @@ def _slug(name: str) -> str:
 
 
 def plot_reports(paths: list[Path], out: Path,
-                 figures: set[int] = frozenset({8, 9, 10, 11, 12})) -> list[Path]:
+                 figures: set[int] = frozenset({8, 9, 10, 11, 12}), name: str = ""
+                 ) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     reps = [json.loads(Path(p).read_text()) for p in paths]
     made: list[Path | None] = []
@@ -197,4 +233,6 @@ def plot_reports(paths: list[Path], out: Path,
             made.append(fig12(r, out))
     if 11 in figures:
         made.append(fig11(reps, out))
+    if 13 in figures:  # every report pooled: give the admission orders of one replay
+        made.append(fig13(reps, out, name))
     return [p for p in made if p is not None]

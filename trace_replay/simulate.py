@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from histate_vllm.config import HiStateConfig
+
 from .costmodel import (
     DEFAULT_DRAM_BYTES,
     DEFAULT_SSD_BYTES,
@@ -29,11 +31,15 @@ from .costmodel import (
     default_gpu_cache_bytes,
     round_up,
 )
-from .metrics import REFERENCES, reuse_sensitive, summarize
+from .metrics import REFERENCES, class_means, request_classes, reuse_sensitive, summarize
 from .model import Workload, coarsen
 from .policies import POLICIES, PolicyContext, make
 from .sim import Replay, ReplaySettings, RunResult, SimClock, Simulator
+from .sim.drive import Drive
 from .sim.engine import limit_context
+
+# The connector's default bound on queued SSD writes (HiStateConfig.ssd_queue_bytes).
+DEFAULT_SSD_QUEUE_BYTES = HiStateConfig.ssd_queue_bytes
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,19 @@ class SimConfig:
     mfu: float | None = None
     core_options: dict = field(default_factory=dict)  # HiState core options (tau, ...)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
+    # SSD writes: "charged" (they share the drive with restores, through a queue of
+    # `ssd_queue_bytes` that drops what does not fit, as the engine's StoreWriter) or
+    # "free" (instant, never dropped: the simulator before issue 21).
+    ssd_writes: str = "charged"
+    ssd_queue_bytes: int | None = DEFAULT_SSD_QUEUE_BYTES  # None: unbounded
+    ssd_write_bw: float | None = None  # bytes/s; None: the device's SSD bandwidth
+
+    def drive(self) -> Drive:
+        if self.ssd_writes not in ("charged", "free"):
+            raise ValueError(f"ssd_writes must be 'charged' or 'free', got {self.ssd_writes!r}")
+        read_bw = self.cost().device.ssd_bw
+        return Drive(read_bw, self.ssd_write_bw or read_bw, queue_bytes=self.ssd_queue_bytes,
+                     charge_writes=self.ssd_writes == "charged")
 
     def cost(self) -> CostModel:
         if self.model not in MODELS:
@@ -97,8 +116,10 @@ def prepare(workload: Workload, config: SimConfig) -> Prepared:
 def run_policy(prep: Prepared, name: str, progress=None) -> RunResult:
     clock = SimClock()
     cost = prep.config.cost()
-    ctx = PolicyContext(cost=cost, clock=clock, **prep.ctx_args)
-    return Simulator(prep.replay, cost, make(name, ctx), clock).run(progress)
+    drive = prep.config.drive()
+    ctx = PolicyContext(cost=cost, clock=clock, drive=drive, **prep.ctx_args)
+    return Simulator(prep.replay, cost, make(name, ctx), clock, drive,
+                     prep.ctx_args["chunk_tokens"]).run(progress)
 
 
 _FORKED: Prepared | None = None
@@ -173,6 +194,12 @@ def report(prep: Prepared, policies: list[str], refs: list[str],
     unl = results.get("unlimited")
     if all(r in results for r in REFERENCES):
         mask = reuse_sensitive(inp, unl.hit, results["vllm-disk"].hit, results["histate"].hit)
+    # Classes from the order requests were sent in one run (Unlimited's if it ran): the
+    # same for every policy.
+    first = unl if unl is not None else next(iter(results.values()))
+    classes = np.array(request_classes(
+        prep.replay.blocks, [r.session_id for r in reqs],
+        np.argsort(first.arrival, kind="stable")), dtype=object)
     cost = prep.config.cost()
     out: dict = {
         "settings": {
@@ -203,12 +230,14 @@ def report(prep: Prepared, policies: list[str], refs: list[str],
         m["restored_dram_gb"] = round(float(res.dram_bytes.sum()) / 1e9, 1)
         m["restored_ssd_gb"] = round(float(res.ssd_bytes.sum()) / 1e9, 1)
         m["stats"] = res.stats
+        m["classes"] = class_means(res.ttft, classes)
         out[name] = m
     if per_request:
         out["per_request"] = {
             "session": [r.session_id for r in reqs],
             "index": [r.index for r in reqs],
             "label": labels.tolist(),
+            "class": classes.tolist(),
             "input_tokens": inp.tolist(),
             "sensitive": mask.tolist() if mask is not None else None,
             "ttft": {n: np.round(r.ttft, 4).tolist() for n, r in results.items()},

@@ -124,9 +124,12 @@ class Orchestrator:
         has_ssd: bool,
         delete: Callable[[bytes, bool], None] | None = None,
         on_dram: Callable[[list[bytes], bool], None] | None = None,
+        write_budget: int | None = None,
     ):
         """key_bytes(is_state): bytes of one key. delete(key, is_state): remove it from the
-        SSD store. on_dram(keys, removed): DRAM copies became readable / were dropped."""
+        SSD store. on_dram(keys, removed): DRAM copies became readable / were dropped.
+        write_budget: most bytes of SSD writes handed out and not yet reported (the SSD
+        writer's queue bound); None: no bound (see `take_ssd_writes`)."""
         self.policy = policy
         self.pool = pool
         self.block_tokens = block_tokens
@@ -136,6 +139,8 @@ class Orchestrator:
         self.has_ssd = has_ssd
         self.delete = delete
         self.on_dram = on_dram
+        self.write_budget = write_budget
+        self._writing = 0  # bytes of SSD writes handed out, not yet reported
         self.entries: dict[bytes, Entry] = {}
         self._planned: dict[str, list[int]] = {}  # request -> planned capture positions
         self._hit_tokens: dict[str, int] = {}
@@ -146,7 +151,7 @@ class Orchestrator:
         # DRAM copies the policy moved to SSD, to be copied from their slots.
         self._spills: list[SSDWrite] = []
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0,
-                      "ssd_state_skips": 0}
+                      "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0}
         # Called with every batch of policy events drained (metrics, the event log).
         self.on_events: Callable[[list], None] | None = None
 
@@ -397,17 +402,31 @@ class Orchestrator:
                 self.pool.free(entry.slot, entry.nbytes)
                 self.policy.committed(key, Tier.DRAM, False)
         self._reserved.clear()
-        writes, self._spills = self._spills, []
+        writes, self._spills = self._room(self._spills)
         staged, self._staged = self._staged, []
         staged = [s for s in staged if s.key in self.entries]
         staged.sort(key=lambda s: s.kind == Kind.STATE)
+        deferred: set[bytes] = set()
         for item in staged:
             entry = self.entries.get(item.key)
             if entry is None or entry.slot < 0 or entry.ssd_pending or entry.on_ssd:
                 continue
-            if item.kind == Kind.STATE and not all(self._on_or_to_ssd(k) for k in entry.refs):
-                self.stats["ssd_state_skips"] += 1
-                continue  # stays in DRAM: a KV chunk before it is not on SSD
+            if item.kind == Kind.STATE:
+                missing = [k for k in entry.refs if not self._on_or_to_ssd(k)]
+                if missing and all(k in deferred for k in missing):
+                    self._staged.append(item)  # after its KV chunks, next time
+                    continue
+                if missing:
+                    self.stats["ssd_state_skips"] += 1
+                    continue  # stays in DRAM: a KV chunk before it is not on SSD
+            if self._spills or not self._fits(entry.nbytes):
+                # The writer would drop it (its queue is full, a burst: the drive keeps up
+                # on average): it waits for the next call, behind the moves, which carry
+                # data held nowhere else. Meanwhile its DRAM copy serves reads.
+                self.stats["backups_deferred"] += 1
+                self._staged.append(item)
+                deferred.add(item.key)
+                continue
             admission = self.policy.admit([item], Tier.SSD)
             if admission is not None:
                 self._take_spills(admission.spill)
@@ -421,9 +440,30 @@ class Orchestrator:
             entry.ssd_pending = True
             self.policy.pin([item.key])  # the DRAM copy is the source of the SSD write
             writes.append(self._write(item.key, entry))
-        writes.extend(self._spills)
-        self._spills = []
+            self._writing += entry.nbytes
+        more, self._spills = self._room(self._spills)  # moves the admissions above asked for
+        writes.extend(more)
+        self.stats["spills_waiting"] = len(self._spills)
         return writes
+
+    def _fits(self, nbytes: int) -> bool:
+        budget = self.write_budget
+        return budget is None or not self._writing or self._writing + nbytes <= budget
+
+    def _room(self, spills: list[SSDWrite]) -> tuple[list[SSDWrite], list[SSDWrite]]:
+        """(the leading moves that fit the write budget, the rest). The rest wait, in
+        order, for the next call: their slots stay taken, and readable, meanwhile. Moves
+        carry data held nowhere else: never handed to a writer that would drop them."""
+        out: list[SSDWrite] = []
+        for i, w in enumerate(spills):
+            entry = self.entries.get(w.key)
+            if entry is None or not entry.ssd_pending:
+                continue  # gone meanwhile (cannot happen while pinned; nothing to write)
+            if not self._fits(entry.nbytes):
+                return out, spills[i:]
+            self._writing += entry.nbytes
+            out.append(w)
+        return out, []
 
     def _write(self, key: bytes, entry: Entry) -> SSDWrite:
         return SSDWrite(key=key, slot=entry.slot, is_state=entry.is_state,
@@ -459,6 +499,7 @@ class Orchestrator:
             entry = self.entries.get(key)
             if entry is None or not entry.ssd_pending:
                 continue
+            self._writing = max(0, self._writing - entry.nbytes)
             entry.ssd_pending = False
             entry.on_ssd = ok
             self.policy.unpin([key])
@@ -534,6 +575,15 @@ class Orchestrator:
         return [key for key, _ in evict if key not in self.entries]
 
     def reset_cache(self) -> None:
+        # Moves still waiting for write budget fail now: handed out after the reset, their
+        # bytes (computed before it) would land in the store the reset starts.
+        waiting, self._spills = self._spills, []
+        for w in waiting:
+            entry = self.entries.get(w.key)
+            if entry is not None and entry.ssd_pending:
+                self._writing += entry.nbytes  # on_ssd_written takes it back
+        if waiting:
+            self.on_ssd_written({w.key: False for w in waiting})
         for key, entry in list(self.entries.items()):
             if entry.slot >= 0 and not entry.ssd_pending:
                 self._release_slot(key, entry)

@@ -50,7 +50,10 @@ def make_policy(
     options: histate only: tau (s, GDS time scale; default: learned from reuse intervals),
         terminal_alpha (EMA weight of terminal reuse), terminal_reuse (fix q instead),
         kv_bytes_per_token (for M; else learned), keep_backups (SSD never drops the backup
-        copy of what DRAM holds: restarts keep more, the tiers' capacities do not add up).
+        copy of what DRAM holds: restarts keep more, the tiers' capacities do not add up),
+        drop_stuck (DRAM pressure deletes a historical checkpoint that cannot move to SSD
+        and was not hit within tau, instead of moving live KV down in its place; off by
+        default: not a robust win, benchmarks/results_trace_replay.md "Issue 21").
     """
     if record == "":
         # "{pid}" in the path keeps the engines of one test run apart.

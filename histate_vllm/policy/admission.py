@@ -274,10 +274,17 @@ class Residency:
         aside_u: list = []
         aside_c: list = []
         other = Tier.SSD if tier == Tier.DRAM else Tier.DRAM
+        self.ev.stuck_before = self.clock() - self.ev.tau
         while self.used[tier] > budget:
             self._flush()
             e = self.ev.next_copy(tier, aside_c, spill is not None)
             if e is not None:
+                if self.ev.stuck:  # a historical checkpoint that cannot move: deleted
+                    self._emit(ev.EVICT, e, tier, "DRAM full; historical checkpoint whose "
+                               "KV is not on SSD (it cannot move there)")
+                    out.append((e.key, tier))
+                    self._forget(e, tier, self.clock())
+                    continue
                 if not e.resident & TIER_BIT[other]:  # a KV chunk in DRAM only: moves down
                     e.pending |= _SSD
                     self.used[Tier.SSD] += e.nbytes

@@ -51,6 +51,7 @@ class HiStatePolicy(Residency, PolicyCore):
         terminal_alpha: float = 0.05,
         terminal_reuse: float | None = None,
         keep_backups: bool = False,
+        drop_stuck: bool = False,
         kv_groups: Sequence[int] | None = None,
         state_groups: Sequence[int] | None = None,
         kv_bytes_per_token: float | None = None,
@@ -65,6 +66,7 @@ class HiStatePolicy(Residency, PolicyCore):
         self.ev = Evictor(None, self.tau_model.value)  # type: ignore[arg-type]
         self.ev.keep_backups = bool(keep_backups)
         self.ev.move_down = not keep_backups
+        self.ev.drop_stuck = bool(drop_stuck)
         self.index = PrefixIndex(planner.block_tokens, self.ev.dirty)
         self.ev.index = self.index
         self._dprefix = self._prefix(None)

@@ -114,6 +114,16 @@ class Evictor:
         # True: DRAM and SSD are one hierarchy: DRAM's stage 1 also moves KV chunks held
         # only in DRAM down to SSD, in the order it drops backed copies (rank, then LRU).
         self.move_down = True
+        # True (with move_down): under DRAM pressure a historical checkpoint that cannot
+        # move to SSD (a KV chunk before it is not there; its manifest needs them) and was
+        # not hit within tau is deleted from DRAM in its stage-1 turn instead of waiting there while live KV
+        # chunks move down in its place: it is read at most once per fork, the KV on
+        # every turn (issue 21). `stuck` tells the caller the copy it got is such a one.
+        self.drop_stuck = False
+        self.stuck = False
+        # Only one not hit since this time (set by the core before each pass: now - tau,
+        # the learned reuse interval): one hit more recently may still be forked from.
+        self.stuck_before = 0.0
         self.q = 0.5  # set by the core from its terminal-reuse EMA before each flush
         self.token_bytes = 1.0  # bytes of one token of KV (all groups), set by the core
         # DRAM-only historical checkpoint -> the node of the KV chunk found not on SSD the
@@ -287,17 +297,24 @@ class Evictor:
                 continue
             if not e.resident & bit:
                 continue
+            stuck = False
             if not e.resident & ~bit:
                 if not (self.move_down and t is MANAGED[0] and self._movable(e)):
                     continue
-                if not move or (e.kind is not _KV and not self._kv_on_ssd(e)):
+                if not move:
                     aside.append(top)
                     continue
+                if e.kind is not _KV and not self._kv_on_ssd(e):
+                    if not self.drop_stuck or e.node.t_last > self.stuck_before:
+                        aside.append(top)
+                        continue
+                    stuck = True
             if stage1_rank(e, t) is None:  # rank changed since the push (leaf -> inner)
                 continue
             if e.pins or e.pending:
                 aside.append(top)
                 continue
+            self.stuck = stuck
             return e
         return None
 

@@ -101,6 +101,8 @@ class HiStateManager(OffloadingManager):
             has_ssd=store is not None,
             delete=self._delete_from_store if store is not None else None,
             on_dram=self._dram_event if enable_events else None,
+            # Each worker's StoreWriter drops what is over this: never hand it more.
+            write_budget=config.ssd_queue_bytes,
         )
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
         # Deletes and resets for every worker's store, in the order decided.

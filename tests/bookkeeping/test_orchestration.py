@@ -156,3 +156,69 @@ def test_dram_only_entries_never_go_to_ssd():
         _, writes = store(orch, f"b{i}", hashes(5, b"b%d" % i), {5})
         assert not any(w.key in stored for w in writes)
     assert not any(orch.entries[k].on_ssd for k in stored if k in orch.entries)
+
+
+def test_write_budget_defers_backups_and_holds_moves_until_writes_land():
+    """The SSD writer drops what is over its queue bound: the orchestrator never hands it
+    more. Backups over the budget wait for the next call (the DRAM copy serves); moves, which carry
+    data held nowhere else, wait in order for room."""
+    clock = Clock()
+    policy = make_policy("histate", budgets={Tier.DRAM: 6 * KEY, Tier.SSD: 64 * KEY},
+                         block_tokens=BT, interval=1 << 30, clock=clock, kv_groups=[0],
+                         state_groups=[1], kv_bytes_per_token=KEY / BT)
+    orch = Orchestrator(policy, SlotPool(12, KEY), block_tokens=BT, kv_groups=[0],
+                        state_groups=[1], key_bytes=lambda s: KEY, has_ssd=True,
+                        write_budget=2 * KEY)
+    a = hashes(6, b"a")
+    keys = [make_key(h, 0) for h in a]
+    orch.note_hit("a", 0)
+    stored, _, _ = orch.offer("a", keys, [(i + 1) * BT for i in range(6)], a, 6 * BT + 1)
+    orch.complete_store(stored, True)
+    writes = orch.take_ssd_writes()
+    assert len(writes) == 2 and orch.stats["backups_deferred"] == 4  # the budget: 2 keys
+    orch.on_ssd_written({w.key: True for w in writes})
+    orch.request_finished("a")
+    # DRAM pressure: a's DRAM-only KV moves to SSD, two writes at a time
+    clock.t += 10
+    b = hashes(6, b"b")
+    orch.note_hit("b", 0)
+    kb = [make_key(h, 0) for h in b]
+    stored, _, _ = orch.offer("b", kb, [(i + 1) * BT for i in range(6)], b, 6 * BT + 1)
+    orch.complete_store(stored, True)
+    moved = 0
+    for _ in range(10):
+        writes = orch.take_ssd_writes()
+        assert sum(KEY for _ in writes) <= 2 * KEY
+        moved += sum(not orch.entries[w.key].on_ssd and orch.entries[w.key].forget_dram
+                     for w in writes)
+        orch.on_ssd_written({w.key: True for w in writes})
+    assert orch.stats["spills"] == 4 and moved == 4 and orch.stats["spills_waiting"] == 0
+    for k in keys:  # nothing lost: every key of a is still readable somewhere
+        assert orch.readable(k)
+    policy.check_invariants()
+
+
+def test_a_reset_fails_the_moves_still_waiting_for_write_budget():
+    """A move not handed out when the connector resets must never be handed out after it:
+    its bytes would land in the new store."""
+    clock = Clock()
+    policy = make_policy("histate", budgets={Tier.DRAM: 4 * KEY, Tier.SSD: 64 * KEY},
+                         block_tokens=BT, interval=1 << 30, clock=clock, kv_groups=[0],
+                         state_groups=[1], kv_bytes_per_token=KEY / BT)
+    orch = Orchestrator(policy, SlotPool(12, KEY), block_tokens=BT, kv_groups=[0],
+                        state_groups=[1], key_bytes=lambda s: KEY, has_ssd=True,
+                        write_budget=KEY)
+    for salt in (b"a", b"b"):
+        clock.t += 10
+        h = hashes(4, salt)
+        orch.note_hit(salt.decode(), 0)
+        stored, _, _ = orch.offer(salt.decode(), [make_key(x, 0) for x in h],
+                                  [(i + 1) * BT for i in range(4)], h, 4 * BT + 1)
+        orch.complete_store(stored, True)
+        orch.request_finished(salt.decode())
+    out = orch.take_ssd_writes()  # one write out (the budget), the rest wait
+    assert len(out) == 1 and orch.stats["spills_waiting"] > 0
+    orch.reset_cache()
+    orch.on_ssd_written({w.key: False for w in out})
+    assert orch.take_ssd_writes() == []
+    assert orch.pool.in_use() == 0 and not orch.entries

@@ -371,6 +371,27 @@ def test_dram_pressure_moves_a_historical_checkpoint_once_its_kv_is_on_ssd():
     core.check_invariants()
 
 
+def test_drop_stuck_deletes_a_historical_checkpoint_that_cannot_move_down():
+    """With drop_stuck, a historical checkpoint held in DRAM alone whose KV is not on SSD
+    (so it cannot move there) and not hit within tau is deleted in its stage-1 turn instead
+    of waiting while KV chunks move down in its place; one hit within tau waits."""
+    for wait, deleted in ((1.0, False), (None, True)):
+        core, mgr, clock = build(dram=8 * KVB + 2 * STB, terminal_reuse=0.5, drop_stuck=True)
+        a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")
+        store(mgr, a, 8, [4, 8])  # history at 4 blocks, terminal at 8: all in DRAM only
+        mid = state_key(a, 4)
+        clock.advance(wait if wait is not None else core.ev.tau + 1)
+        adm = core.admit([kv_item(b, 0, BT, KVB)], Tier.DRAM)
+        assert ((mid, Tier.DRAM) in adm.evict) == deleted and mid not in adm.spill
+        assert core.where(mid) == (frozenset() if deleted else {Tier.DRAM})
+        # for it, no KV chunk moved; without it, KV chunks move (as without drop_stuck)
+        assert any(k.endswith(bytes(4)) for k in adm.spill) != deleted
+        for k in adm.spill:
+            core.committed(k, Tier.SSD, True)
+        assert core.restorable(a).position == 8 * BT  # the terminal checkpoint stays
+        core.check_invariants()
+
+
 def test_a_prefill_in_flight_keeps_the_kv_under_its_own_checkpoints():
     """Mid-prefill, the checkpoint a request has just left is a leaf bundle (nothing below
     it yet): evicting it would take its KV segment along, the state at the request's end

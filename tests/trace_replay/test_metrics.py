@@ -42,3 +42,26 @@ def test_a_kv_match_without_a_state_is_a_miss():
     assert s["hit_rate"] == 0.0
     assert s["mutation_count"] == 1 and s["mutation_ttft_mean"] == 2.0
     assert np.isnan(s["recovery"])
+
+
+def test_request_classes_append_internal_fork_cold():
+    from trace_replay.metrics import class_means, request_classes
+
+    # chained ids: a block id names its whole prefix
+    blocks = [
+        [1, 2],        # a#0: cold
+        [1, 2, 3],     # a#1: the previous prompt is its prefix -> append
+        [1, 4],        # a#2: leaves a's context after block 1 -> internal
+        [1, 2, 5],     # b#0 (a subagent of a): a's prefix -> fork
+        [9],           # c#0: cold
+        [1, 4, 6],     # a#3: append to a#2
+    ]
+    sessions = ["a", "a", "a", "b", "c", "a"]
+    classes = request_classes(blocks, sessions, range(6))
+    assert classes == ["cold", "append", "internal", "fork", "cold", "append"]
+    m = class_means(np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), np.array(classes, dtype=object))
+    assert m["append"] == {"count": 2, "ttft_mean": 4.0}
+    assert m["cold"]["ttft_mean"] == 3.0
+    # the order requests were sent in decides: sent first, b#0 is cold
+    classes = request_classes(blocks, sessions, [3, 0, 1, 2, 4, 5])
+    assert classes[3] == "cold" and classes[0] == "fork"

@@ -3,7 +3,10 @@
 The engine calls, per request, in this order:
   lookup(job)      on arrival: decide the resume point and what to restore from where; pin it
   loaded(job)      the restore transfer finished (unpin)
-  prefilled(job)   prefill done (first token): the GPU now holds the prompt; store/offload it
+  store_step(job, b)  a prefill chunk ended: the prompt's first b blocks are computed
+                      (vLLM offers them to the offloading connector at the step's end)
+  prefilled(job)   prefill done (first token): the GPU now holds the prompt; store/offload
+                   the rest
   finished(job)    decode done: the request lets go of its GPU blocks
 The clock (`ctx.clock()`) reads simulated seconds.
 """
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..costmodel import CostModel
+from ..sim.drive import Drive
 from ..sim.job import Job
 
 
@@ -32,6 +36,9 @@ class PolicyContext:
     # Options for HiState's policy core (`make_policy(..., **options)`: tau, terminal_alpha,
     # terminal_reuse, ...): sensitivity runs; the defaults are what the connector ships.
     core_options: dict = field(default_factory=dict)
+    # The SSD (shared with the simulator: restores read it, SSD copies are written to it
+    # through its bounded queue). None: writes are free and never dropped.
+    drive: Drive | None = None
 
     @property
     def kv_block_bytes(self) -> int:
@@ -54,6 +61,18 @@ class SimPolicy(ABC):
 
     def loaded(self, job: Job) -> None:
         pass
+
+    def store_step(self, job: Job, blocks: int) -> None:
+        """Blocks [job.stored, blocks) are computed; a policy that offloads stores them."""
+
+    def ssd_write(self, nbytes: int, cb, arg) -> bool:
+        """Queue an SSD write on the drive; False if its queue drops it. `cb(arg)` once
+        written (later, from the simulator's event loop)."""
+        drive = self.ctx.drive
+        if drive is None:
+            cb(arg)
+            return True
+        return drive.write(self.ctx.clock(), nbytes, cb, arg)
 
     @abstractmethod
     def prefilled(self, job: Job) -> None: ...

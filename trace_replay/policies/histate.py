@@ -9,11 +9,13 @@ Per request, the calls vLLM makes on the manager, with every transfer completing
   are loaded (`prepare_load`: pinned and hit; a DRAM slot or SSD per key), unpinned when
   loaded. Then the capture plan (`note_hit` + `plan`): the prefill leaves states exactly
   there (HiState's scheduler ends prefill chunks at planned positions).
-* prefilled: `offer` (vLLM's `prepare_store`: per block its KV key, and its state key where
-  the prefill left a state), `complete_store`, then `take_ssd_writes` and `on_ssd_written`.
+* each step's end and prefilled: `offer` (vLLM's `prepare_store`: per block its KV key, and
+  its state key where the prefill left a state), `complete_store`, then `take_ssd_writes`,
+  queued on the drive; `on_ssd_written` when each lands or is dropped.
 * finished: the GPU blocks are freed; `request_finished`.
-SSD writes complete instantly (the write queue is assumed to keep up; it is off the TTFT
-path). Keys: 8-byte block id + 4-byte group (0 = attention KV, 1 = recurrent state).
+SSD writes go through the drive's bounded queue (sim/drive.py): they take the drive's time
+beside the restores, land later (the DRAM slot stays pinned until then) and, when the queue
+is full, are dropped as the engine's StoreWriter drops them (`on_ssd_written(False)`). Keys: 8-byte block id + 4-byte group (0 = attention KV, 1 = recurrent state).
 
 Variants (the paper's ablations, each changing one mechanism): `align` = checkpoint interval
 fixed to vLLM's prefill chunk (align-mode chunk ends), `fixed-32` = fixed 32-block interval,
@@ -70,6 +72,9 @@ class CoreAdapter(SimPolicy):
             self.core, BytePool(ctx.dram_bytes), block_tokens=self.B, kv_groups=[KV_GROUP],
             state_groups=[STATE_GROUP], key_bytes=lambda is_state: sb if is_state else kvb,
             has_ssd=ctx.ssd_bytes > 0,
+            # As HiStateManager: never more SSD writes out than the writer's queue takes.
+            write_budget=ctx.drive.queue_bytes
+            if ctx.drive is not None and ctx.drive.charge_writes else None,
         )
         self.n = {"loads": 0, "state_offers": 0, "states_stored": 0, "restorable_tokens": 0,
                   "restorable_from_ssd_tokens": 0}
@@ -130,19 +135,25 @@ class CoreAdapter(SimPolicy):
         self.gpu.acquire(gpu_keys)
         self.gpu.release(job.state[0])
         job.state = (gpu_keys, ())
-        self._offload(job)
+        self.store_step(job, len(hl))
+        self._probe_restart(job.hashes_bytes())
 
-    def _offload(self, job: Job) -> None:
-        """vLLM offers every block's KV key and, where the prefill left a state, its state
-        key; the manager stores what is new."""
+    def store_step(self, job: Job, blocks: int) -> None:
+        """vLLM offers every computed block's KV key and, where the prefill left a state,
+        its state key, one step at a time; the manager stores what is new and queues its
+        SSD copies on the drive."""
+        first = job.stored
+        if blocks <= first:
+            return
+        job.stored = blocks
         B, orch = self.B, self.orch
         hb = job.hashes_bytes()
         captures = set(job.captures)
         step = self.step_blocks
-        for first in range(0, len(hb), step):  # one vLLM step per prefill chunk
+        for lo in range(first, blocks, step):  # at most one vLLM step's blocks at a time
             keys: list[bytes] = []
             positions: list[int] = []
-            for i in range(first, min(first + step, len(hb))):
+            for i in range(lo, min(lo + step, blocks)):
                 pos = (i + 1) * B
                 keys.append(hb[i] + _KVS)
                 positions.append(pos)
@@ -153,10 +164,16 @@ class CoreAdapter(SimPolicy):
             stored, _, _ = orch.offer(job.request_id, keys, positions, hb, job.input_tokens)
             self.n["states_stored"] += sum(k.endswith(_STS) for k in stored)
             orch.complete_store(stored, True)
-            writes = orch.take_ssd_writes()
-            if writes:
-                orch.on_ssd_written({w.key: True for w in writes})
-        self._probe_restart(hb)
+            dropped = {}
+            for w in orch.take_ssd_writes():
+                nbytes = self.sb if w.is_state else self.kvb
+                if not self.ssd_write(nbytes, self._written, w.key):
+                    dropped[w.key] = False  # the engine's writer rejects it: queue full
+            if dropped:
+                orch.on_ssd_written(dropped)
+
+    def _written(self, key: bytes) -> None:
+        self.orch.on_ssd_written({key: True})
 
     def _probe_restart(self, hb: list[bytes]) -> None:
         entries, n = self.orch.entries, self.n

@@ -23,6 +23,10 @@ from .base import PolicyContext, SimPolicy
 from .checkpoints import chunk_ends, merge, turn_boundaries
 
 
+def _noop(_) -> None:
+    pass
+
+
 class _Tier:
     """One offload tier, optionally split into a KV and a state partition."""
 
@@ -116,13 +120,26 @@ class TieredLru(SimPolicy):
         self.gpu.acquire(keys)
         self.gpu.release(job.state)
         job.state = keys
-        kvb, sb = self.kvb, self.sb
-        for t in self.tiers:
-            kv, st = t.kv, t.st
-            for h in hl:
-                kv.put(h, kvb)
-            for p in job.captures:
-                st.put(~hl[p // B - 1], sb)
+        self.store_step(job, len(hl))
+
+    def store_step(self, job: Job, blocks: int) -> None:
+        """Write blocks [job.stored, blocks) and the checkpoints among them through to every
+        tier; a write the SSD's queue drops is not stored there."""
+        first = job.stored
+        if blocks <= first:
+            return
+        job.stored = blocks
+        B, hl, kvb, sb = self.B, job.blocks, self.kvb, self.sb
+        keys = [(h, kvb) for h in hl[first:blocks]]
+        keys += [(~hl[p // B - 1], sb) for p in job.captures if first < p // B <= blocks]
+        for name, t in zip(self.names, self.tiers):
+            for key, nbytes in keys:
+                store = t.store(key)
+                if key in store:
+                    continue
+                if name == "ssd" and not self.ssd_write(nbytes, _noop, None):
+                    continue
+                store.put(key, nbytes)
 
     def finished(self, job: Job) -> None:
         self.gpu.release(reversed(job.state))

@@ -8,6 +8,10 @@ eligible) each prefill gets at most T tokens a step, and the rest of the budget 
 advance at once. `SharedPrefill` is the fluid version of that: up to `k` prefills, admitted
 in arrival order, share the GPU's prefill throughput equally; the others wait. With k = 1 it
 is the FIFO queue. A step's efficiency does not depend on how its tokens are split.
+
+Marks: a prefill may carry the GPU seconds still left when each of its steps ends (vLLM
+stores a step's KV when the step ends); `take_marks` returns (payload, mark index) for the
+marks passed, at the time they are passed (`next_completion` counts them as events).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ class SharedPrefill:
             raise ValueError(f"concurrent prefills must be >= 1, got {k}")
         self.k = k
         self.t = 0.0
-        self.active: list[list] = []  # [remaining GPU seconds, payload]
+        self.active: list[list] = []  # [remaining GPU seconds, payload, marks, next mark]
         self.waiting: deque[list] = deque()
         self.version = 0  # bumped whenever the next completion time may have changed
+        self._marks: list[tuple[object, int]] = []
 
     def _advance(self, now: float) -> list:
         """Run the active prefills up to `now`; return the payloads that finished."""
@@ -36,6 +41,11 @@ class SharedPrefill:
         self.t = max(self.t, now)
         done: list = []
         while True:  # a prefill admitted to a freed place may itself be empty
+            for a in self.active:
+                marks = a[2]
+                while a[3] < len(marks) and a[0] <= marks[a[3]] + _EPS:
+                    self._marks.append((a[1], a[3]))
+                    a[3] += 1
             done += [a[1] for a in self.active if a[0] <= _EPS]
             self.active = [a for a in self.active if a[0] > _EPS]
             if not self.waiting or len(self.active) >= self.k:
@@ -43,9 +53,11 @@ class SharedPrefill:
             while self.waiting and len(self.active) < self.k:
                 self.active.append(self.waiting.popleft())
 
-    def add(self, now: float, seconds: float, payload) -> list:
-        """A prefill of `seconds` of GPU time joins the queue; returns prefills finished."""
-        self.waiting.append([max(seconds, 0.0), payload])  # behind the others, not yet run
+    def add(self, now: float, seconds: float, payload, marks: list[float] = ()) -> list:
+        """A prefill of `seconds` of GPU time joins the queue; returns prefills finished.
+        marks: GPU seconds left at each step end, descending (see `take_marks`)."""
+        # behind the others, not yet run
+        self.waiting.append([max(seconds, 0.0), payload, list(marks), 0])
         done = self._advance(now)  # a free place, or a zero-length prefill, takes effect now
         self.version += 1
         return done
@@ -55,7 +67,12 @@ class SharedPrefill:
         self.version += 1
         return done
 
+    def take_marks(self) -> list[tuple[object, int]]:
+        out, self._marks = self._marks, []
+        return out
+
     def next_completion(self) -> float | None:
         if not self.active:
             return None
-        return self.t + min(a[0] for a in self.active) * len(self.active)
+        left = min(a[0] - (a[2][a[3]] if a[3] < len(a[2]) else 0.0) for a in self.active)
+        return self.t + max(left, 0.0) * len(self.active)

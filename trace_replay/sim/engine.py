@@ -13,14 +13,20 @@ has an api_time, so it overstates gaps). A context limit ends a session at its f
 longer than it (kv-cache-tester's --max-context: the user is "truncated"); the subagents it
 would have spawned from then on are not replayed either (`limit_context`).
 
-Each request: arrival -> restore (SSD reads first, on one drive, FIFO; then every restored
-byte over one host-to-device link, FIFO, which an SSD read does not hold, as HiState's
-worker reads on its own threads: alone, a restore takes the read plus the copy, paper eq. 2)
+Each request: arrival -> restore (SSD reads first, on one drive, FIFO, sharing it with the
+SSD writes: drive.py; then every restored byte over one host-to-device link, FIFO, which an
+SSD read does not hold, as HiState's worker reads on its own threads: alone, a restore takes
+the read plus the copy, paper eq. 2)
 -> prefill (one compute queue, FIFO, i.e. vLLM's FCFS scheduler with the GPU saturated by
 one prefill at a time; or, with `concurrent_prefills` k > 1, up to k prefills sharing the
 GPU as vLLM's long_prefill_token_threshold lets them: compute.py) -> first token (TTFT =
 now - arrival, queueing included) -> decode (output_tokens steps; decode does not hold the
 prefill queue).
+
+Stores: vLLM hands the offloading connector each step's computed blocks when the step ends,
+so a policy is given the blocks up to each prefill chunk end (`SimPolicy.store_step`) at the
+time the prefill passes it (its share of the prefill's FLOPs), and the rest at the first
+token (`prefilled`). What it copies to SSD then goes through the drive's write queue.
 """
 
 from __future__ import annotations
@@ -39,12 +45,13 @@ from msgspec.structs import replace as replace_struct
 
 from ..model import Session, Workload
 from .compute import SharedPrefill
+from .drive import Drive
 from .job import Job
 
 if TYPE_CHECKING:
     from ..policies.base import SimPolicy
 
-_ARRIVE, _LOADED, _PREFILLED, _FINISHED, _WAKE, _COPY = 0, 1, 2, 3, 4, 5
+_ARRIVE, _LOADED, _PREFILLED, _FINISHED, _WAKE, _COPY, _STEP, _DRIVE = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,12 +189,43 @@ class Replay:
         self.order = [mains[i] for i in rng.permutation(len(mains))]
 
 
+def drive_stats(drive: Drive) -> dict:
+    st = drive.stats
+    return {"ssd_read_gb": round(st["read_bytes"] / 1e9, 2),
+            "ssd_written_gb": round(st["written_bytes"] / 1e9, 2),
+            "ssd_writes_dropped": st["writes_dropped"],
+            "ssd_write_gb_dropped": round(st["write_bytes_dropped"] / 1e9, 2),
+            "ssd_read_busy_s": round(st["read_busy_s"], 3),
+            "ssd_write_busy_s": round(st["write_busy_s"], 3)}
+
+
 class Simulator:
-    def __init__(self, replay: Replay, cost: CostModel, policy: SimPolicy, clock: SimClock):
+    def __init__(self, replay: Replay, cost: CostModel, policy: SimPolicy, clock: SimClock,
+                 drive: Drive | None = None, chunk_tokens: int | None = None):
+        """drive: the SSD shared with the policy (its `ctx.drive`); None: a drive of the
+        device's bandwidth whose writes are free. chunk_tokens: prefill chunk (a vLLM step),
+        default the device's."""
         self.r = replay
         self.cost = cost
         self.policy = policy
         self.clock = clock
+        bw = cost.device.ssd_bw
+        self.drive = drive or Drive(bw, bw, queue_bytes=None, charge_writes=False)
+        self.chunk_tokens = chunk_tokens or cost.device.chunk_tokens
+
+    def step_ends(self, job: Job) -> list[int]:
+        """Blocks computed by the end of each prefill chunk but the last (vLLM's steps
+        from the resume point; the last one is the first token)."""
+        B, chunk = job.block_tokens, self.chunk_tokens
+        n = len(job.blocks)
+        ends = []
+        pos = job.resume + chunk
+        while pos < job.input_tokens:
+            b = min(pos // B, n)
+            if b > (ends[-1] if ends else 0):
+                ends.append(b)
+            pos += chunk
+        return [b for b in ends if b < n or b * B < job.input_tokens]
 
     def run(self, progress: Callable[[int], None] | None = None) -> RunResult:
         r, st, cost, policy, clock = self.r, self.r.settings, self.cost, self.policy, self.clock
@@ -230,21 +268,44 @@ class Simulator:
             ramp = st.ramp * i / first if first else 0.0
             push(r.sessions[s].start + ramp, _ARRIVE, (s, 0))
         link_free = 0.0
-        ssd_free = 0.0
         gpu_free = 0.0
+        drive = self.drive
+        drive_version = -1  # the version a _DRIVE wake is scheduled for
+
+        def read_done(payload) -> None:
+            push(clock.now, _COPY, payload)
+
+        def flops_at(job: Job, blocks: int) -> float:
+            return cost.prefill_flops(job.resume, min(blocks * bt, job.input_tokens))
         shared = SharedPrefill(st.concurrent_prefills) if st.concurrent_prefills > 1 else None
 
         def prefilled_now(done: list) -> None:
+            for p, i in shared.take_marks():
+                push(clock.now, _STEP, (p, i))
             for p in done:
                 push(clock.now, _PREFILLED, p)
             t = shared.next_completion()
             if t is not None:
                 push(t, _WAKE, shared.version)
         done = 0
+        makespan = 0.0
         t0 = time.perf_counter()
-        while heap:
+        while True:
+            if drive.version != drive_version:  # the drive's next completion may have moved
+                drive_version = drive.version
+                t = clock.now if drive.has_done else drive.next_completion()
+                if t is not None:
+                    push(t, _DRIVE, drive_version)
+            if not heap:
+                break
             now, _, kind, payload = heapq.heappop(heap)
             clock.now = now
+            for cb, arg in drive.advance(now):  # reads and writes done by now
+                cb(arg)
+            if kind == _DRIVE:
+                if payload == drive_version:  # the current wake: schedule the next one
+                    drive_version = -1  # (float error can leave a head a hair short)
+                continue
             if kind == _ARRIVE:
                 s, k = payload
                 rid = r.offset[s] + k
@@ -255,8 +316,7 @@ class Simulator:
                 for delay, child in r.spawn.get((s, k), ()):
                     push(now + spawn_delay(delay), _ARRIVE, (child, 0))
                 if job.ssd_bytes > 0:  # the drive first; the link is not held meanwhile
-                    ssd_free = max(now, ssd_free) + cost.ssd_read_time(job.ssd_bytes)
-                    push(ssd_free, _COPY, (s, k, job))  # read done: copy
+                    drive.read(now, job.ssd_bytes, read_done, (s, k, job))  # then: copy
                     continue
                 kind, payload = (_COPY if job.dram_bytes > 0 else _LOADED), (s, k, job)
             if kind == _COPY:  # the restored bytes over the host-to-device link
@@ -269,12 +329,23 @@ class Simulator:
                 s, k, job = payload
                 policy.loaded(job)
                 work = cost.prefill_time(job.resume, job.input_tokens)
+                # The share of the prefill done when each step ends (by FLOPs).
+                total = cost.prefill_flops(job.resume, job.input_tokens)
+                ends = self.step_ends(job)
+                done_at = [flops_at(job, b) / total if total > 0 else 1.0 for b in ends]
+                job.step_ends = ends
                 if shared is not None:
-                    prefilled_now(shared.add(now, work, payload))
+                    marks = [work * (1.0 - f) for f in done_at]
+                    prefilled_now(shared.add(now, work, payload, marks))
                     continue
                 start = max(now, gpu_free)
                 gpu_free = start + work
+                for i, f in enumerate(done_at):
+                    push(start + f * work, _STEP, (payload, i))
                 push(gpu_free, _PREFILLED, payload)
+            elif kind == _STEP:
+                (s, k, job), i = payload
+                policy.store_step(job, job.step_ends[i])
             elif kind == _WAKE:
                 if payload == shared.version:  # else the active set changed since
                     prefilled_now(shared.wake(now))
@@ -294,6 +365,7 @@ class Simulator:
                     progress(1)
             elif kind == _FINISHED:
                 s, k, job = payload
+                makespan = now
                 policy.finished(job)
                 sess = r.sessions[s]
                 if k + 1 < len(sess.requests):
@@ -303,6 +375,6 @@ class Simulator:
         assert done == n, f"{done} of {n} requests completed"
         return RunResult(
             policy=policy.name, ttft=ttft, hit=hit, gpu_hit=gpu_hit, dram_bytes=dram,
-            ssd_bytes=ssd, arrival=arrival, makespan=clock.now,
-            wall_s=time.perf_counter() - t0, stats=policy.stats(),
+            ssd_bytes=ssd, arrival=arrival, makespan=makespan,
+            wall_s=time.perf_counter() - t0, stats={**policy.stats(), **drive_stats(drive)},
         )

@@ -33,6 +33,10 @@ class Job:
     captures: list[int] = field(default_factory=list)
     state: object = None  # policy-private
     first_token: float = 0.0
+    # Blocks computed by the end of each prefill chunk but the last (set by the simulator),
+    # and how many of the prompt's blocks the policy has stored so far.
+    step_ends: list[int] = field(default_factory=list)
+    stored: int = 0
     _hb: list[bytes] | None = None
 
     @property
