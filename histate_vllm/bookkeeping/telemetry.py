@@ -154,12 +154,16 @@ class Telemetry:
 
     # --- loads ---
 
-    def load_issued(self, request_id: str, tiers: dict[str, int]) -> None:
-        """A load job for the request: restored tokens per tier (counted when it lands)."""
-        t0, acc = self._loads.get(request_id, (self.clock(), {}))
+    def load_issued(self, request_id: str, tiers: dict[str, int],
+                    nbytes: dict[str, int] | None = None) -> None:
+        """A load job for the request: restored tokens (and bytes read) per tier, counted
+        when it lands."""
+        t0, acc, acc_bytes = self._loads.get(request_id, (self.clock(), {}, {}))
         for tier, n in tiers.items():
             acc[tier] = acc.get(tier, 0) + n
-        self._loads[request_id] = (t0, acc)
+        for tier, n in (nbytes or {}).items():
+            acc_bytes[tier] = acc_bytes.get(tier, 0) + n
+        self._loads[request_id] = (t0, acc, acc_bytes)
 
     def load_failed(self, request_ids: Iterable[str], cause: str = "corrupt") -> None:
         self._failed.update((r, cause) for r in request_ids if r in self._loads)
@@ -169,7 +173,7 @@ class Telemetry:
         item = self._loads.pop(request_id, None)
         if item is None:
             return
-        t0, tiers = item
+        t0, tiers, nbytes = item
         tokens = sum(tiers.values())
         cause = self._failed.pop(request_id, None)
         if cause is not None:
@@ -180,6 +184,8 @@ class Telemetry:
         self.observe("restore_seconds", self.clock() - t0, (slowest,))
         for tier, n in tiers.items():
             self.add("restored_tokens", n, (tier,))
+        for tier, n in nbytes.items():
+            self.add("restored_bytes", n, (tier,))
         self.add("restores", 1, (slowest,))
 
     def request_finished(self, request_id: str) -> None:

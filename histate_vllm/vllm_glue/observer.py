@@ -99,14 +99,17 @@ class Observer:
         """Restored tokens per tier: each block of the load counts under the slowest tier
         one of its keys is read from (slot -1: SSD)."""
         tier_at: dict[int, str] = {}
+        nbytes: Counter = Counter()
         entries = self.orch.entries
         for key, slot in zip(keys, slots):
-            pos = entries[key].position
-            if tier_at.get(pos) != "ssd":
-                tier_at[pos] = "ssd" if slot < 0 else "dram"
+            entry = entries[key]
+            nbytes["ssd" if slot < 0 else "dram"] += entry.nbytes
+            if tier_at.get(entry.position) != "ssd":
+                tier_at[entry.position] = "ssd" if slot < 0 else "dram"
         bt = self.layout.block_tokens
         per_tier = Counter(tier_at.values())
-        self.telemetry.load_issued(request_id, {t: n * bt for t, n in per_tier.items()})
+        self.telemetry.load_issued(request_id, {t: n * bt for t, n in per_tier.items()},
+                                   dict(nbytes))
         self._loading[request_id] = list(keys)
 
     def load_failed(self, request_ids: Iterable[str], lost: Collection[bytes]) -> None:

@@ -104,7 +104,7 @@ def test_corrupt_when_the_lost_state_is_the_deepest_evidence():
 def test_restores_count_tokens_per_tier_and_failed_loads_are_misses():
     now = [0.0]
     t = Telemetry(BT, clock=lambda: now[0])
-    t.load_issued("r", {"dram": 2 * BT, "ssd": BT})
+    t.load_issued("r", {"dram": 2 * BT, "ssd": BT}, {"dram": 2000, "ssd": 1500})
     now[0] = 0.25
     t.load_done("r")
     t.load_issued("s", {"ssd": BT})
@@ -113,6 +113,8 @@ def test_restores_count_tokens_per_tier_and_failed_loads_are_misses():
     delta, samples = t.take()
     assert delta[("restored_tokens", ("dram",))] == 2 * BT
     assert delta[("restored_tokens", ("ssd",))] == BT  # the failed load restored nothing
+    assert delta[("restored_bytes", ("dram",))] == 2000
+    assert delta[("restored_bytes", ("ssd",))] == 1500
     assert delta[("restores", ("ssd",))] == 1
     assert delta[("misses", ("corrupt",))] == 1 and delta[("missed_tokens", ("corrupt",))] == BT
     assert samples == {("restore_seconds", ("ssd",)): [0.25]}

@@ -121,11 +121,16 @@ def test_ssd_restores_evictions_and_writes(tmp_path):
     data = counters(m)
     slots = run(m, "b", h[:6], 6 * BT + 1, hit=4 * BT)
     assert any(s < 0 for s in slots), "nothing of a was read from SSD"
-    ssd_blocks = {m.orch.entries[k].position for k, s in zip(
-        [make_key(x, 0) for x in h[:4]] + [make_key(h[3], 1)], slots) if s < 0}
+    loaded = [make_key(x, 0) for x in h[:4]] + [make_key(h[3], 1)]
+    ssd_blocks = {m.orch.entries[k].position for k, s in zip(loaded, slots) if s < 0}
+    ssd_bytes = sum(m.orch.entries[k].nbytes for k, s in zip(loaded, slots) if s < 0)
     data2 = counters(m)
     restored = data2["histate_restored_tokens"]
     assert restored.get(("ssd",), 0) == len(ssd_blocks) * BT
+    # Bytes read per tier: every key the load read, KV and the state.
+    read = data2["histate_restored_bytes"]
+    assert read[("ssd",)] == ssd_bytes > 0
+    assert sum(read.values()) == sum(m.orch.entries[k].nbytes for k in loaded)
     assert sum(restored.values()) == 4 * BT
     assert data2["histate_restores"] == {("ssd",): 1}
     writes = data["histate_ssd_writes"][()] + data2.get("histate_ssd_writes", {}).get((), 0)
