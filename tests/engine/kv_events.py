@@ -21,9 +21,10 @@ def histate_connector(ssd_dir: str, dram_bytes: int = 4 * MiB, ssd_bytes: int = 
 
 
 def events_args(endpoint: str) -> list[str]:
-    """vLLM's own publisher: it binds `endpoint` (ipc:// or tcp://127.0.0.1:PORT here)."""
-    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint,
-           "topic": "kv"}
+    """vLLM's own publisher, bound on an ipc:// endpoint. The topic stays vLLM's default
+    (empty): vllm-router 0.1.17 drops batches under any other topic and has no option for
+    it on static sources."""
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
     return ["--kv-events-config", json.dumps(cfg)]
 
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.engine.fleet import engine, router, served, which_engine
+from tests.engine.fleet import engine, loopback_relay, router, served, which_engine
 from tests.engine.kv_events import cached_tokens, complete
 from trace_replay.server import metric_sum, metrics
 
@@ -84,7 +84,8 @@ def _replay(fleet, url: str, session: str) -> list[dict]:
     urls, turns, prompt = fleet["urls"], [], _tokens(3000)
     for t in range(TURNS):
         before, restored = served(urls), [_restored(u) for u in urls]
-        out = complete(url, MODEL, prompt, headers={"X-Session-ID": session}, max_tokens=8)
+        headers = {"X-Session-ID": session} if session else {}
+        out = complete(url, MODEL, prompt, headers=headers, max_tokens=8)
         e = which_engine(urls, before)
         turns.append(dict(engine=e, prompt=list(prompt), cached=cached_tokens(out),
                           restored=_restored(urls[e]) - restored[e],
@@ -113,6 +114,27 @@ def test_consistent_hash_keeps_a_session_where_its_history_is(fleet):
     cold = complete(other, MODEL, turns[-1]["prompt"], max_tokens=8)
     assert cached_tokens(cold) == 0
     assert cold["choices"][0]["text"] == turns[-1]["text"]
+
+
+def test_kv_aware_follows_the_engines_events(fleet):
+    """kv_aware with each engine's event stream: the router credits a later turn's prefix
+    from the events of the engine holding it (GPU blocks, HiState's CPU and STORAGE ones
+    at the host and disk credits) and sends the turn there, with no session header."""
+    args = ["--kv-event-model", MODEL, "--kv-event-block-size", str(fleet["block"]),
+            "--log-level", "debug"]
+    for url, ep in zip(fleet["urls"], fleet["endpoints"]):
+        args += ["--kv-event-source", f"{url}={loopback_relay(ep)}"]
+    log = fleet["work"] / "router-kv.log"
+    with router(fleet["urls"], "kv_aware", log, args) as url:
+        turns = _replay(fleet, url, "")
+    print([{k: v for k, v in t.items() if k not in ("prompt", "text")} for t in turns])
+    home = turns[0]["engine"]
+    assert all(t["engine"] == home for t in turns), turns
+    for t in turns[1:]:
+        assert t["cached"] >= fleet["block"] and t["restored"] > 0, t
+    credited = [int(m) for m in re.findall(r"credited_prefix_tokens=(\d+)",
+                                           re.sub(r"\x1b\[[0-9;]*m", "", log.read_text()))]
+    assert len(credited) == TURNS and credited[0] == 0 and all(credited[1:]), credited
 
 
 def test_round_robin_scatters_a_session(fleet):
