@@ -182,8 +182,16 @@ def test_failover_continues_on_the_other_engine_and_keeps_the_store(fleet):
     store = work / f"{'ab'[home]}-ssd"
     r = subprocess.run([sys.executable, "-m", "histate_vllm.store", "fsck", str(store)],
                        capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    # No entry is damaged. A SIGTERM during writes may leave leftovers (partial files, and
+    # manifests of states whose KV chunk was still being written: fsck exit 1, "problems
+    # found"); no entry uses them and the next start removes them.
+    print(r.stdout)
+    assert re.search(r"checkpoints ok: [1-9]\d* +bad: 0 +quarantined: 0", r.stdout), r.stdout
+    assert re.search(r"chunks ok: [1-9]\d* +bad: 0 ", r.stdout), r.stdout
     fleet.start(home, f"{'ab'[home]}-again")
     first = prompt[:3000]
     out = complete(fleet["urls"][home], MODEL, first + _tokens(10))
     assert cached_tokens(out) >= block and _restored(fleet["urls"][home]) > 0
+    r = subprocess.run([sys.executable, "-m", "histate_vllm.store", "fsck", str(store)],
+                       capture_output=True, text=True)
+    assert "orphans: 0" in r.stdout and "unusable manifest" not in r.stdout, r.stdout
