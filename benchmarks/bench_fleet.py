@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -34,8 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
-from tests.engine.fleet import router, served  # noqa: E402
-from tests.engine.kv_events import histate_connector  # noqa: E402
+from tests.engine.fleet import loopback_relay, router, served  # noqa: E402
+from tests.engine.kv_events import events_args, histate_connector  # noqa: E402
 from trace_replay import load  # noqa: E402
 from trace_replay.live import LiveConfig, prompt_tokens, summarize  # noqa: E402
 from trace_replay.sim.engine import limit_context  # noqa: E402
@@ -103,7 +104,9 @@ async def _replay(url: str, workload, cfg: LiveConfig, salt: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("traces", nargs="*", type=Path, default=[SAMPLES])
-    ap.add_argument("--policies", default="consistent_hash,round_robin")
+    ap.add_argument("--policies", default="consistent_hash,round_robin",
+                    help="router policies, in this order (kv_aware reads the engines' KV "
+                    "events, which every engine publishes)")
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--duration", type=float, default=120.0, help="s of sending per policy")
     ap.add_argument("--time-scale", type=float, default=0.1)
@@ -130,17 +133,27 @@ def main() -> None:
                   "--num-gpu-blocks-override", str(args.gpu_blocks)]
     results = {}
     with contextlib.ExitStack() as stack:
-        urls = []
+        urls, sources = [], []
         for name in ("a", "b"):
             print(f"engine {name}: starting", flush=True)
             conn = histate_connector(str(work / f"{name}-ssd"), args.dram_mib * MiB,
                                      args.ssd_mib * MiB)
+            endpoint = f"ipc://{work}/{name}.events"
             urls.append(stack.enter_context(local_server(
-                model, work / f"{name}.log", args=serve_args, connector=conn,
-                env={"PYTHONPATH": str(REPO)}, startup_timeout=300.0, cwd=str(REPO))))
+                model, work / f"{name}.log", args=serve_args + events_args(endpoint),
+                connector=conn, env={"PYTHONPATH": str(REPO)}, startup_timeout=300.0,
+                cwd=str(REPO))))
+            sources.append(loopback_relay(endpoint))
+        block = int(re.search(r"HiState: (\d+)-token blocks",
+                              (work / "a.log").read_text()).group(1))
         for salt, policy in enumerate(args.policies.split(","), start=1):
             before = served(urls)
-            with router(urls, policy, work / f"router-{policy}.log") as url:
+            extra = []
+            if policy == "kv_aware":
+                extra = ["--kv-event-model", "tiny", "--kv-event-block-size", str(block)]
+                for u, src in zip(urls, sources):
+                    extra += ["--kv-event-source", f"{u}={src}"]
+            with router(urls, policy, work / f"router-{policy}.log", extra) as url:
                 print(f"{policy}: replaying for {args.duration:.0f} s", flush=True)
                 records = asyncio.run(_replay(url, workload, cfg, salt))
             time.sleep(1.0)
