@@ -116,10 +116,12 @@ def test_consistent_hash_keeps_a_session_where_its_history_is(fleet):
     assert cold["choices"][0]["text"] == turns[-1]["text"]
 
 
-def test_kv_aware_follows_the_engines_events(fleet):
-    """kv_aware with each engine's event stream: the router credits a later turn's prefix
-    from the events of the engine holding it (GPU blocks, HiState's CPU and STORAGE ones
-    at the host and disk credits) and sends the turn there, with no session header."""
+def test_kv_aware_cannot_credit_a_hybrid_engine(fleet):
+    """kv_aware with each engine's event stream credits no prefix to the engine holding the
+    session, though that engine restores every later turn: vLLM's own GPU events of the
+    hybrid model's state groups (a chunk's tokens, no block hash) make vllm-router 0.1.17
+    drop whole event batches (tests/test_router_events.py shows the mechanism). The router
+    then routes by load alone; consistent_hash is the setup to use (README)."""
     args = ["--kv-event-model", MODEL, "--kv-event-block-size", str(fleet["block"]),
             "--log-level", "debug"]
     for url, ep in zip(fleet["urls"], fleet["endpoints"]):
@@ -128,13 +130,14 @@ def test_kv_aware_follows_the_engines_events(fleet):
     with router(fleet["urls"], "kv_aware", log, args) as url:
         turns = _replay(fleet, url, "")
     print([{k: v for k, v in t.items() if k not in ("prompt", "text")} for t in turns])
-    home = turns[0]["engine"]
-    assert all(t["engine"] == home for t in turns), turns
-    for t in turns[1:]:
-        assert t["cached"] >= fleet["block"] and t["restored"] > 0, t
     credited = [int(m) for m in re.findall(r"credited_prefix_tokens=(\d+)",
                                            re.sub(r"\x1b\[[0-9;]*m", "", log.read_text()))]
-    assert len(credited) == TURNS and credited[0] == 0 and all(credited[1:]), credited
+    assert len(credited) == TURNS, credited
+    held = [t for i, t in enumerate(turns)
+            if i and t["engine"] in {u["engine"] for u in turns[:i]}]
+    assert held and all(t["cached"] >= fleet["block"] for t in held), turns
+    # When this fails, the router credits hybrid engines: make kv_aware the documented setup.
+    assert credited == [0] * TURNS, credited
 
 
 def test_round_robin_scatters_a_session(fleet):
