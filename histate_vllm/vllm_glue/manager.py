@@ -26,6 +26,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from histate_vllm.bookkeeping.orchestration import Orchestrator, SlotPool, headroom_bytes
+from histate_vllm.bookkeeping.resumable import ResumableView
 from histate_vllm.config import HiStateConfig
 from histate_vllm.policy import Tier, make_policy
 from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots, ssd_payload_budget
@@ -38,7 +39,8 @@ from histate_vllm.vllm_glue.transfer_specs import (
     SSDWrite,
 )
 
-logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
+logger = init_logger(f"vllm.{__name__}")
+_MEDIUM = {Tier.DRAM: Medium.CPU, Tier.SSD: Medium.STORAGE}  # under vllm: its log level and format apply
 
 
 class HiStateManager(OffloadingManager):
@@ -90,7 +92,8 @@ class HiStateManager(OffloadingManager):
             state_groups=sorted(layout.state_group_ids),
             **({"keep_backups": True} if config.ssd_mirror else {}),
         )
-        self.events: list[OffloadingEvent] | None = [] if enable_events else None
+        # KV cache events: where a request can resume, per tier (bookkeeping/resumable.py).
+        self.resumable = ResumableView(bool(layout.state_group_ids)) if enable_events else None
         self.orch = Orchestrator(
             self.policy,
             SlotPool(self.num_slots, layout.key_bytes),
@@ -100,7 +103,7 @@ class HiStateManager(OffloadingManager):
             key_bytes=lambda is_state: layout.key_bytes,
             has_ssd=store is not None,
             delete=self._delete_from_store if store is not None else None,
-            on_dram=self._dram_event if enable_events else None,
+            on_dram=self._books_changed if enable_events else None,
             # Each worker's StoreWriter drops what is over this: never hand it more.
             write_budget=config.ssd_queue_bytes,
         )
@@ -125,6 +128,9 @@ class HiStateManager(OffloadingManager):
         if index is None:
             index = self.store.scan()
         checkpoints, chunks = self.orch.restore(index.checkpoints, index.chunks)
+        if self.resumable is not None:  # the first events publish what the store holds
+            self.resumable.note_manifests(
+                {k: info.chunk_keys for k, info in index.checkpoints.items()})
         logger.info("HiState: found %d checkpoints and %d KV chunks on SSD (%s)",
                     checkpoints, chunks, self.store.root)
 
@@ -185,6 +191,7 @@ class HiStateManager(OffloadingManager):
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.orch.complete_load(keys)
+        self._books_changed()  # a load may release copies the policy had let go
         self.observer.load_done(req_context.req_id)
 
     # --- store ---
@@ -203,6 +210,8 @@ class HiStateManager(OffloadingManager):
         )
         logger.debug("HiState: %s offers %d keys, stores %d", req_context.req_id, len(keys),
                      len(keys_to_store))
+        if evicted:
+            self._books_changed()
         return PrepareStoreOutput(
             keys_to_store=keys_to_store,
             store_spec=HiStateStoreSpec(slots=slots),
@@ -234,9 +243,8 @@ class HiStateManager(OffloadingManager):
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
                        success: bool = True) -> None:
-        stored = self.orch.complete_store(keys, success)
-        if stored and self.events is not None:
-            self.events.append(OffloadingEvent(keys=stored, medium=Medium.CPU, removed=False))
+        if self.orch.complete_store(keys, success):
+            self._books_changed()
 
     def take_ssd_deletes(self) -> list[SSDDelete | SSDReset]:
         """Deletes (and resets) every worker applies to its own store, in this order,
@@ -254,6 +262,7 @@ class HiStateManager(OffloadingManager):
             self._void_writes.difference_update(voided)
             results = {k: ok and k not in voided for k, ok in results.items()}
         self.orch.on_ssd_written(results)
+        self._books_changed()
         for key in voided:
             entry = self.orch.entries.get(key)
             if entry is not None and entry.slot >= 0 and not entry.ssd_pending:
@@ -265,30 +274,39 @@ class HiStateManager(OffloadingManager):
         keys = list(keys)
         kinds = {k: e.is_state for k in keys if (e := self.orch.entries.get(k)) and e.on_ssd}
         self.orch.on_ssd_lost(keys, reason)
+        self._books_changed()
         # The other ranks still hold their shards: delete them too.
         self._ssd_ops.extend(SSDDelete(k, is_state) for k, is_state in kinds.items())
 
     def apply_demotions(self) -> None:
-        self.orch.apply_demotions()
+        self.orch.apply_demotions()  # drops reach _books_changed through the callbacks
 
-    def _dram_event(self, keys: list[bytes], removed: bool) -> None:
-        self.events.append(OffloadingEvent(keys=keys, medium=Medium.CPU, removed=removed))
+    def _books_changed(self, *_) -> None:
+        if self.resumable is not None:
+            self.resumable.dirty = True
 
     def _delete_from_store(self, key: bytes, is_state: bool) -> None:
         # Not here: this process sees rank 0's store only. Every worker deletes its shard.
         self._ssd_ops.append(SSDDelete(key, is_state))
+        self._books_changed()
 
     # --- misc ---
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        if self.events:
-            yield from self.events
-            self.events.clear()
+        """What changed in where requests can resume, per tier (DRAM as vLLM's CPU medium,
+        SSD as STORAGE). removal_expected keeps vLLM's event payload of a key (its
+        tokens, parent hash) while another tier still holds it."""
+        if self.resumable is None:
+            return
+        for tier, keys, removed in self.resumable.changes(self.orch.entries):
+            yield OffloadingEvent(keys=[OffloadKey(k) for k in keys], medium=_MEDIUM[tier],
+                                  removed=removed, removal_expected=not removed)
 
     def reset_cache(self) -> None:
         """Forget every cached copy (vLLM's reset_prefix_cache(reset_connector=True), e.g.
         after a weight update): DRAM copies, SSD entries, and writes in flight."""
         self.orch.reset_cache()
+        self._books_changed()
         if self.store is None:
             return
         entries = self.orch.entries
