@@ -135,14 +135,20 @@ def main() -> None:
     results = {}
     with contextlib.ExitStack() as stack:
         urls, sources = [], []
-        for name in ("a", "b"):
+        cpus = sorted(os.sched_getaffinity(0))
+        for i, name in enumerate(("a", "b")):
             print(f"engine {name}: starting", flush=True)
+            env = {"PYTHONPATH": str(REPO)}
+            if len(cpus) >= 2:
+                # Each engine's forward pass on a core of its own: vLLM's automatic binding
+                # would put both on the first core.
+                env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus[i * len(cpus) // 2])
             conn = histate_connector(str(work / f"{name}-ssd"), args.dram_mib * MiB,
                                      args.ssd_mib * MiB)
             endpoint = f"ipc://{work}/{name}.events"
             urls.append(stack.enter_context(local_server(
                 model, work / f"{name}.log", args=serve_args + events_args(endpoint),
-                connector=conn, env={"PYTHONPATH": str(REPO)}, startup_timeout=300.0,
+                connector=conn, env=env, startup_timeout=300.0,
                 cwd=str(REPO))))
             sources.append(loopback_relay(endpoint))
         block = int(re.search(r"HiState: (\d+)-token blocks",
