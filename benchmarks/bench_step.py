@@ -53,11 +53,24 @@ def _classify(so) -> str:
     return kind + ("+store" if stores else "")
 
 
-def _instrument(core, records: list[dict], phase: list[str]) -> None:
-    """Wrap the engine core's step so each one leaves a record."""
+def _instrument(core, records: list[dict], phase: list[str], profile=None) -> None:
+    """Wrap the engine core's step so each one leaves a record; with `profile` (a
+    cProfile.Profile), profile the scheduler's part of the decode phases."""
     sched = core.scheduler
     schedule, update, step = sched.schedule, sched.update_from_output, core.step_fn
     cur: dict = {}
+    if profile is not None:
+        def profiled(fn):
+            def run(*a, **k):
+                if not phase[0].startswith("decode"):
+                    return fn(*a, **k)
+                profile.enable()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    profile.disable()
+            return run
+        schedule, update = profiled(schedule), profiled(update)
 
     def timed_schedule(*a, **k):
         t = time.perf_counter()
@@ -114,7 +127,12 @@ def child(spec: dict) -> dict:
     core = llm.llm_engine.engine_core.engine_core
     records: list[dict] = []
     phase = ["warmup"]
-    _instrument(core, records, phase)
+    profile = None
+    if spec.get("profile"):
+        import cProfile
+
+        profile = cProfile.Profile()
+    _instrument(core, records, phase, profile)
     rng = random.Random(f"bench-step:{spec['round']}")
 
     def run(prompts, max_tokens):
@@ -134,6 +152,8 @@ def child(spec: dict) -> dict:
         run(prompts, 1)
         records.append(dict(phase=phase[0], kind="wall", running=n,
                             total=time.perf_counter() - t, scheduler=0.0, worker=0.0))
+    if profile is not None:
+        profile.dump_stats(spec["profile"])
     return dict(block_size=bs, records=records)
 
 
@@ -176,6 +196,8 @@ def main() -> None:
     ap.add_argument("--dram-mib", type=int, default=256)
     ap.add_argument("--ssd", action="store_true", help="HiState with an SSD store too")
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the scheduler's part of the decode phases (WORK/NAME-R.prof)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -203,7 +225,8 @@ def main() -> None:
             spec = dict(model=model, connector=connector, round=rnd, out=str(out),
                         running=[int(x) for x in args.running.split(",")],
                         decode_tokens=args.decode_tokens, gpu_blocks=args.gpu_blocks,
-                        block_size=args.block_size)
+                        block_size=args.block_size,
+                        profile=str(work / f"{name}-{rnd}.prof") if args.profile else None)
             spec_path = work / f"{name}-{rnd}.spec.json"
             spec_path.write_text(json.dumps(spec))
             print(f"round {rnd + 1}/{args.rounds}: {name}", flush=True)

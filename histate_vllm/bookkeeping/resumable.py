@@ -12,15 +12,20 @@ blocks it cannot use. So each tier (DRAM, SSD) publishes:
 
 A model without state groups publishes every KV block a tier holds. The view is recomputed
 from the books only when they changed, and published as differences (stored / removed).
+A recomputation walks every checkpoint's manifest, which on a large cache costs the
+scheduler's step real time, so recomputations are spaced to keep them under `DUTY` of the
+scheduler thread's time: small books publish at every step, large ones a little later.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 from histate_vllm.policy import Tier
 
 TIERS = (Tier.DRAM, Tier.SSD)
+DUTY = 0.05  # most of the scheduler thread's time spent recomputing the view
 
 
 def _held(entry, tier: Tier) -> bool:
@@ -30,8 +35,10 @@ def _held(entry, tier: Tier) -> bool:
 
 
 class ResumableView:
-    def __init__(self, has_states: bool):
+    def __init__(self, has_states: bool, clock: Callable[[], float] = time.perf_counter):
         self.has_states = has_states
+        self.clock = clock
+        self._next_at = float("-inf")  # no recomputation before this
         self.published: dict[Tier, set[bytes]] = {t: set() for t in TIERS}
         # Manifests of checkpoints re-admitted from SSD (their entries carry no refs).
         self._manifests: dict[bytes, tuple[bytes, ...]] = {}
@@ -65,6 +72,9 @@ class ResumableView:
         nothing changed."""
         if not self.dirty:
             return []
+        start = self.clock()
+        if start < self._next_at:
+            return []  # still dirty: published at a later step
         self.dirty = False
         if self._manifests:
             for key in [k for k in self._manifests if k not in entries]:
@@ -79,4 +89,5 @@ class ResumableView:
             if gone:
                 removed.append((tier, sorted(gone), True))
         self.published = now
+        self._next_at = start + (self.clock() - start) / DUTY
         return stored + removed

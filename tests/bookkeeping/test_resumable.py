@@ -69,7 +69,7 @@ def test_attention_only_models_publish_every_block():
 
 def test_changes_are_differences_stores_first_and_only_when_dirty():
     entries = {kv(1): dram(position=16), st(1): dram(is_state=True, position=16, refs=(kv(1),))}
-    view = ResumableView(has_states=True)
+    view = ResumableView(has_states=True, clock=lambda: 0.0)  # recomputing takes no time
     assert view.changes(entries) == [(Tier.DRAM, sorted([kv(1), st(1)]), False)]
     assert view.changes(entries) == []  # not dirty: nothing recomputed
     # The pair moves to SSD: stored there, then removed from DRAM.
@@ -81,3 +81,20 @@ def test_changes_are_differences_stores_first_and_only_when_dirty():
     del entries[st(1)]
     view.dirty = True
     assert view.changes(entries) == [(Tier.SSD, sorted([kv(1), st(1)]), True)]
+
+
+def test_recomputations_are_spaced_by_what_they_cost():
+    """A view that took 10 ms to recompute is not recomputed for the next 190 ms (DUTY 5%):
+    the change stays pending, and goes out at the first call after."""
+    from histate_vllm.bookkeeping import resumable
+
+    times = iter([0.0, 0.010, 0.100, 0.250, 0.250])
+    view = ResumableView(has_states=True, clock=lambda: next(times))
+    entries = {kv(1): dram(position=16), st(1): dram(is_state=True, position=16, refs=(kv(1),))}
+    assert view.changes(entries)  # at 0.0, done at 0.010: next at 0.010 / DUTY = 0.2
+    assert resumable.DUTY == 0.05
+    del entries[st(1)]
+    view.dirty = True
+    assert view.changes(entries) == []  # at 0.100: too soon, still dirty
+    assert view.dirty
+    assert view.changes(entries) == [(Tier.DRAM, sorted([kv(1), st(1)]), True)]  # at 0.250
