@@ -58,15 +58,26 @@ def local_server(model: str, log: Path, *, args: Sequence[str] = (),
     if connector is not None:
         cmd += ["--kv-transfer-config", json.dumps(connector)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    url = f"http://127.0.0.1:{port}"
+    with serving(cmd, log, f"http://127.0.0.1:{port}", what="server", env=env, cwd=cwd,
+                 startup_timeout=startup_timeout) as url:
+        yield url
+
+
+@contextmanager
+def serving(cmd: Sequence[str], log: Path, url: str, *, what: str, env: dict | None = None,
+            cwd: str | None = None, startup_timeout: float = 240.0, poll_s: float = 1.0,
+            stop_timeout: float = 60.0) -> Iterator[str]:
+    """Run `cmd` in its own process group (output to `log`) until `url`/v1/models answers;
+    yield `url`; stop it (`stop`). A process that exits or does not answer in time raises
+    with its log's tail, naming it `what`."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, cwd=cwd)
         try:
             deadline = time.monotonic() + startup_timeout
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {proc.returncode}:\n"
+                    raise RuntimeError(f"{what} exited with {proc.returncode}:\n"
                                        + log.read_text(errors="replace")[-3000:])
                 try:
                     with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
@@ -75,12 +86,12 @@ def local_server(model: str, log: Path, *, args: Sequence[str] = (),
                 except OSError:
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError("server did not start in time:\n"
+                    raise RuntimeError(f"{what} did not start in time:\n"
                                        + log.read_text(errors="replace")[-3000:])
-                time.sleep(1.0)
+                time.sleep(poll_s)
             yield url
         finally:
-            stop(proc)
+            stop(proc, timeout=stop_timeout)
 
 
 def metrics(url: str, timeout: float = 30.0) -> str:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tests.engine.kv_events import events_args, histate_connector
-from trace_replay.server import free_port, local_server, metric_sum, metrics, stop
+from trace_replay.server import free_port, local_server, metric_sum, metrics, serving
 
 STARTUP_TIMEOUT = 300.0  # two engines share 2 cores here
 
@@ -50,29 +48,9 @@ def router(workers: Sequence[str], policy: str, log: Path, args: Sequence[str] =
     cmd = [router_binary(), "--host", "127.0.0.1", "--port", str(port),
            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
            "--worker-urls", *workers, "--policy", policy, *args]
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            deadline = time.monotonic() + startup_timeout
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"router exited with {proc.returncode}:\n"
-                                       + log.read_text(errors="replace")[-3000:])
-                try:
-                    with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("router did not start in time:\n"
-                                       + log.read_text(errors="replace")[-3000:])
-                time.sleep(0.5)
-            yield url
-        finally:
-            stop(proc, timeout=10)
+    with serving(cmd, log, f"http://127.0.0.1:{port}", what="router",
+                 startup_timeout=startup_timeout, poll_s=0.5, stop_timeout=10) as url:
+        yield url
 
 
 def loopback_relay(endpoint: str) -> str:
