@@ -107,6 +107,8 @@ class _Server(http.server.ThreadingHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     """An OpenAI-style completions endpoint that streams one token after a short delay."""
 
+    delay = 0.05
+
     prompts: list = []
 
     def log_message(self, *args):
@@ -122,7 +124,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Handler.prompts.append(req["prompt"])
-        time.sleep(0.05)
+        time.sleep(self.delay)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -156,16 +158,18 @@ def test_recycled_users_replay_until_the_deadline():
 
 def test_requests_in_flight_at_the_deadline_finish_and_no_more_are_sent():
     _Handler.prompts = []
+    _Handler.delay = 1.0  # each request outlives the deadline, on a loaded machine too
     server = _Server(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         cfg = LiveConfig(url=f"http://127.0.0.1:{server.server_address[1]}", concurrency=2,
-                         max_requests=100, max_time=0.01, recycle=True)
+                         max_requests=100, max_time=0.5, recycle=True)
         rep = replay_live(synth.append_pattern(SHAPE), cfg)
     finally:
         server.shutdown()
+        _Handler.delay = 0.05
     # Each user's first request was sent before the deadline and outlives it (the server
-    # takes 50 ms): it counts as completed, not as an error.
+    # takes 1 s): it counts as completed, not as an error.
     assert rep["summary"]["completed"] == len(rep["requests"]) == 2
     assert len(_Handler.prompts) == len(rep["requests"])
 
