@@ -246,6 +246,12 @@ class HiStateManager(OffloadingManager):
         if self.orch.complete_store(keys, success):
             self._books_changed()
 
+    def has_pending_work(self) -> bool:
+        """vLLM keeps stepping the engine, even with no request, while this is True: what
+        the last steps of a request staged in DRAM still reaches SSD (and a stop after it
+        finds it there), and the books learn how the writes went."""
+        return bool(self._ssd_ops) or self.orch.ssd_busy()
+
     def take_ssd_deletes(self) -> list[SSDDelete | SSDReset]:
         """Deletes (and resets) every worker applies to its own store, in this order,
         before this step's writes: each rank holds its own shard of every key."""
