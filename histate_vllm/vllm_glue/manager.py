@@ -108,6 +108,7 @@ class HiStateManager(OffloadingManager):
             write_budget=config.ssd_queue_bytes,
         )
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
+        self._ssd_was_busy = False  # see get_stats
         # Deletes and resets for every worker's store, in the order decided.
         self._ssd_ops: list[SSDDelete | SSDReset] = []
         # Writes in flight at a connector reset: their outcome no longer counts.
@@ -335,7 +336,11 @@ class HiStateManager(OffloadingManager):
 
     def get_stats(self):
         """vLLM's stats channel, published on /metrics (see prom_metrics.py)."""
-        return self.observer.get_stats()
+        # The step that settles the SSD work publishes the gauges at once: an idle engine
+        # steps no more, and its write queue must not read as busy meanwhile.
+        busy = self.has_pending_work()
+        settled, self._ssd_was_busy = self._ssd_was_busy and not busy, busy
+        return self.observer.get_stats(force=settled)
 
     def shutdown(self) -> None:
         self.observer.shutdown()

@@ -75,6 +75,26 @@ def _flood(fleet) -> None:
             complete(url, MODEL, _tokens(3000))
 
 
+def _ssd_states(url: str) -> float:
+    return metric_sum(metrics(url), "histate_entries", tier="ssd", kind="state")
+
+
+def _ssd_settled(url: str, states_before: float, timeout: float = 120) -> None:
+    """Wait until the engine has written a new state to SSD and has no copy waiting or in
+    flight (the engine keeps stepping, idle, until its SSD work settles)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = metrics(url)
+        queue = metric_sum(text, "histate_ssd_write_queue")
+        states = metric_sum(text, "histate_entries", tier="ssd", kind="state")
+        if queue == 0 and states > states_before:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"SSD copies did not settle: queue {queue}, states "
+                                 f"{states_before} -> {states}")
+        time.sleep(0.2)
+
+
 def _restored(url: str) -> float:
     return metric_sum(metrics(url), "histate_restored_tokens_total")
 
@@ -165,10 +185,11 @@ def test_failover_continues_on_the_other_engine_and_keeps_the_store(fleet):
     with router(fleet["urls"], "consistent_hash", work / "router-fo.log", args) as url:
         prompt = _tokens(3000)
         before = served(fleet["urls"])
+        states = [_ssd_states(u) for u in fleet["urls"]]
         complete(url, MODEL, prompt, headers={"X-Session-ID": "agent-3"})
         home = which_engine(fleet["urls"], before)
         other = 1 - home
-        time.sleep(2)  # the SSD copies land (written in the background)
+        _ssd_settled(fleet["urls"][home], states[home])  # written in the background
         fleet.stop(home)
         turns = []
         for _ in range(3):
