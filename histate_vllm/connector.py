@@ -59,6 +59,10 @@ from histate_vllm.vllm_glue.offloading_spec import HiStateSpec
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
+# An idle engine stepped only for SSD writes in flight waits this long per step for one to
+# land: at most this much later for a request that arrives meanwhile, and no spinning.
+IDLE_WAIT_S = 0.01
+
 
 @dataclass
 class HiStateWorkerMetadata(OffloadingWorkerMetadata):
@@ -309,6 +313,8 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         # After every store job of the step, so each state's chunks are already staged.
         # Deletes (and a reset) first: they were decided before this step's writes.
         meta.ssd_writes = self.manager.take_ssd_deletes() + self.manager.take_ssd_writes()
+        # Nothing scheduled: vLLM steps the engine only for HiState's SSD work.
+        meta.idle = scheduler_output.total_num_scheduled_tokens == 0
         return meta
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -332,6 +338,7 @@ class HiStateConnectorWorker(OffloadingConnectorWorker):
         self._connector_worker_meta = HiStateWorkerMetadata()
         self._ssd_writes: list = []
         self._failed_recving: set[str] = set()
+        self._idle = False
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         # vLLM views each layer as [num_blocks, page] bytes whatever its strides: a layout
@@ -346,11 +353,14 @@ class HiStateConnectorWorker(OffloadingConnectorWorker):
 
     def start_kv_transfers(self, metadata: OffloadingConnectorMetadata) -> None:
         super().start_kv_transfers(metadata)
+        self._idle = getattr(metadata, "idle", False)
         if self._ssd_writes:
             self.worker.submit_ssd_writes(self._ssd_writes)
             self._ssd_writes = []
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        if self._idle:
+            self.worker.wait_idle(IDLE_WAIT_S)
         finished_recving: set[str] = set()
         for result in self.worker.get_finished():
             meta = self._connector_worker_meta

@@ -446,6 +446,15 @@ class Orchestrator:
         self.stats["spills_waiting"] = len(self._spills)
         return writes
 
+    def ssd_busy(self) -> bool:
+        """SSD work only an engine step moves on: copies staged or moves waiting to be
+        issued, or writes in flight whose outcome the books wait for."""
+        return self.has_ssd and bool(self._staged or self._spills or self._writing)
+
+    def ssd_waiting(self) -> int:
+        """Copies staged for SSD and not issued yet (moves waiting are already pending)."""
+        return len(self._staged) if self.has_ssd else 0
+
     def _fits(self, nbytes: int) -> bool:
         budget = self.write_budget
         return budget is None or not self._writing or self._writing + nbytes <= budget

@@ -223,6 +223,13 @@ class StoreWriter:
         with self._cv:
             return self._done.wait_for(lambda: not self._queue and not self._running, timeout)
 
+    def wait_finished(self, timeout: float) -> bool:
+        """Block until a completion waits in drain_finished(), nothing is queued or
+        running, or `timeout` passed; True unless it timed out."""
+        with self._cv:
+            return self._done.wait_for(
+                lambda: self._finished or not (self._queue or self._running), timeout)
+
     def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting; write what is queued (drain) or cancel it, then stop."""
         done: list[Completion] = []

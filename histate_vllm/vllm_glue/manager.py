@@ -108,6 +108,7 @@ class HiStateManager(OffloadingManager):
             write_budget=config.ssd_queue_bytes,
         )
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
+        self._ssd_was_busy = False  # see get_stats
         # Deletes and resets for every worker's store, in the order decided.
         self._ssd_ops: list[SSDDelete | SSDReset] = []
         # Writes in flight at a connector reset: their outcome no longer counts.
@@ -246,6 +247,12 @@ class HiStateManager(OffloadingManager):
         if self.orch.complete_store(keys, success):
             self._books_changed()
 
+    def has_pending_work(self) -> bool:
+        """vLLM keeps stepping the engine, even with no request, while this is True: what
+        the last steps of a request staged in DRAM still reaches SSD (and a stop after it
+        finds it there), and the books learn how the writes went."""
+        return bool(self._ssd_ops) or self.orch.ssd_busy()
+
     def take_ssd_deletes(self) -> list[SSDDelete | SSDReset]:
         """Deletes (and resets) every worker applies to its own store, in this order,
         before this step's writes: each rank holds its own shard of every key."""
@@ -329,7 +336,11 @@ class HiStateManager(OffloadingManager):
 
     def get_stats(self):
         """vLLM's stats channel, published on /metrics (see prom_metrics.py)."""
-        return self.observer.get_stats()
+        # The step that settles the SSD work publishes the gauges at once: an idle engine
+        # steps no more, and its write queue must not read as busy meanwhile.
+        busy = self.has_pending_work()
+        settled, self._ssd_was_busy = self._ssd_was_busy and not busy, busy
+        return self.observer.get_stats(force=settled)
 
     def shutdown(self) -> None:
         self.observer.shutdown()

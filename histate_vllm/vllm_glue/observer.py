@@ -189,6 +189,7 @@ class Observer:
                 nbytes["ssd"] += e.nbytes
                 count[("ssd", kind)] += 1
             queue += e.ssd_pending
+        queue += self.orch.ssd_waiting()
         if self.store is None:
             del nbytes["ssd"], count[("ssd", "kv")], count[("ssd", "state")]
         gauges = {("bytes", (t,)): v for t, v in nbytes.items()}
@@ -196,11 +197,12 @@ class Observer:
         gauges[("ssd_write_queue", ())] = queue
         return gauges
 
-    def get_stats(self):
-        """Counts since the last call, and the gauges at most once per GAUGE_INTERVAL."""
+    def get_stats(self, force: bool = False):
+        """Counts since the last call, and the gauges at most once per GAUGE_INTERVAL (or
+        now, `force`)."""
         now = time.monotonic()
         gauges = {}
-        if now - self._gauges_at >= self.GAUGE_INTERVAL:
+        if force or now - self._gauges_at >= self.GAUGE_INTERVAL:
             gauges, self._gauges_at = self._measure(), now
         delta, samples = self.telemetry.take()
         return to_stats(delta, samples, gauges)

@@ -49,7 +49,8 @@ _DEFS: dict[str, OffloadingMetricMetadata] = {
     "ssd_writes": _C(documentation="SSD writes issued to the worker."),
     "ssd_writes_dropped": _C(documentation="SSD writes that did not land (queue full or "
                                            "I/O error); the data stays in DRAM or is lost."),
-    "ssd_write_queue": _G(documentation="SSD writes issued and not yet reported back."),
+    "ssd_write_queue": _G(documentation="SSD copies waiting to be issued or issued and not "
+                                         "yet reported back."),
     "bytes": _G(documentation="Bytes held per tier (payload).", labelnames=_TIER),
     "entries": _G(documentation="Entries held per tier and kind (kv, state).",
                   labelnames=("tier", "kind")),

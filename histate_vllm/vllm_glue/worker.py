@@ -265,6 +265,16 @@ class HiStateWorker(OffloadingWorker):
         if not ok:  # the writer reports the rejection through drain_finished()
             logger.debug("HiState: SSD queue full, %s stays in DRAM", w.key.hex()[:16])
 
+    def wait_idle(self, timeout: float) -> None:
+        """A step with nothing scheduled: vLLM steps an idle engine while SSD writes are in
+        flight (`has_pending_work`); wait for one to finish rather than spin steps."""
+        if self.writer is None:
+            return
+        if self._ssd_queue:  # waiting on a store copy into its slot: it is short
+            time.sleep(min(timeout, 0.001))
+        else:
+            self.writer.wait_finished(timeout)
+
     def poll_ssd(self) -> None:
         if self.writer is None:
             return

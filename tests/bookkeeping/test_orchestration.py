@@ -222,3 +222,26 @@ def test_a_reset_fails_the_moves_still_waiting_for_write_budget():
     orch.on_ssd_written({w.key: False for w in out})
     assert orch.take_ssd_writes() == []
     assert orch.pool.in_use() == 0 and not orch.entries
+
+
+def test_ssd_work_keeps_the_engine_stepping_until_the_books_settle():
+    """`ssd_busy` (the manager's has_pending_work): what a request's last step staged in
+    DRAM is issued at a later step, and its outcome read at another; an idle engine must
+    keep stepping for both, then may rest."""
+    orch, _, _, _ = build()
+    hb = hashes(2)
+    keys = [make_key(h, 0) for h in hb] + [make_key(hb[-1], 1)]
+    orch.note_hit("r", 0)
+    stored, _, _ = orch.offer("r", keys, [BT, 2 * BT, 2 * BT], hb, 2 * BT + 1)
+    orch.complete_store(stored, True)
+    orch.request_finished("r")
+    assert orch.ssd_busy()  # staged: the next step issues them
+    writes = orch.take_ssd_writes()
+    assert len(writes) == 3 and orch.ssd_busy()  # in flight
+    orch.on_ssd_written({w.key: True for w in writes})
+    assert not orch.ssd_busy()
+    nossd, _, _, _ = build(ssd_keys=0)
+    nossd.note_hit("r", 0)
+    stored, _, _ = nossd.offer("r", keys, [BT, 2 * BT, 2 * BT], hb, 2 * BT + 1)
+    nossd.complete_store(stored, True)
+    assert not nossd.ssd_busy()

@@ -75,6 +75,30 @@ def _flood(fleet) -> None:
             complete(url, MODEL, _tokens(3000))
 
 
+def _ssd_writes(url: str) -> float:
+    return metric_sum(metrics(url), "histate_ssd_writes_total")
+
+
+def _ssd_settled(url: str, writes_before: float, timeout: float = 120) -> None:
+    """Wait until the engine has issued SSD writes since `writes_before` and has no copy
+    waiting or in flight, unchanged for a second (an idle engine keeps stepping until its
+    SSD work settles, and publishes the queue on the step that settles it)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        text = metrics(url)
+        now = (metric_sum(text, "histate_ssd_writes_total"),
+               metric_sum(text, "histate_ssd_write_queue"),
+               metric_sum(text, "histate_bytes", tier="ssd"))
+        if now[0] > writes_before and now[1] == 0 and now == last:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"SSD copies did not settle: writes {writes_before} -> "
+                                 f"{now[0]}, queue {now[1]}")
+        last = now
+        time.sleep(1.0)
+
+
 def _restored(url: str) -> float:
     return metric_sum(metrics(url), "histate_restored_tokens_total")
 
@@ -165,10 +189,11 @@ def test_failover_continues_on_the_other_engine_and_keeps_the_store(fleet):
     with router(fleet["urls"], "consistent_hash", work / "router-fo.log", args) as url:
         prompt = _tokens(3000)
         before = served(fleet["urls"])
+        writes = [_ssd_writes(u) for u in fleet["urls"]]
         complete(url, MODEL, prompt, headers={"X-Session-ID": "agent-3"})
         home = which_engine(fleet["urls"], before)
         other = 1 - home
-        time.sleep(2)  # the SSD copies land (written in the background)
+        _ssd_settled(fleet["urls"][home], writes[home])  # written in the background
         fleet.stop(home)
         turns = []
         for _ in range(3):

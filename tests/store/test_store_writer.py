@@ -244,3 +244,16 @@ def test_submits_never_wait_for_the_disk_or_copy_the_payload(gated):
     assert all(c.ok for c in w.drain_finished())
     np.testing.assert_array_equal(read_checkpoint(gated, make_key("lat-s", 1), state.size), state)
     w.close()
+
+
+def test_wait_finished_returns_when_a_write_lands_not_before(gated):
+    """An idle engine's step waits here for a completion instead of spinning."""
+    w = StoreWriter(gated, max_pending_bytes=1 << 20)
+    assert w.wait_finished(0.0)  # nothing queued: no wait
+    w.submit_chunk(C0, make_payload(10, 0), provenance="p")
+    assert gated.started.wait(10)
+    assert not w.wait_finished(0.05)  # the write is held at the gate
+    gated.gate.set()
+    assert w.wait_finished(10)
+    assert outcomes(w) == [(C0, True, "")]
+    w.close()

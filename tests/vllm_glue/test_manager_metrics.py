@@ -288,3 +288,32 @@ def test_inspect_table_and_why(tmp_path, capsys):
     main(["inspect", str(log), "why", str(prompt)])
     out = capsys.readouterr().out
     assert "closest logged request: c" in out  # the latest of equally matching requests
+
+
+def test_idle_engine_steps_until_ssd_work_settles_and_then_shows_it(tmp_path):
+    """has_pending_work keeps vLLM stepping an idle engine while a request's last copies
+    are staged or being written; the step that settles them publishes the write queue at
+    once (the gauges otherwise wait GAUGE_INTERVAL, and an idle engine steps no more)."""
+    m = make(tmp_path)
+    m.observer.GAUGE_INTERVAL = 3600
+    assert not m.has_pending_work()
+    counters(m)  # the first gauges
+    r = Req("a", hb(4), 4 * BT + 1)
+    m.register_request(r)
+    m.note_hit(r, 0, 0)
+    ctx = ReqContext(req_id="a")
+    keys = []
+    for i, h in enumerate(hb(4)):
+        for g in (0, 1):
+            keys.append(make_key(h, g))
+            ctx.set_offload_key_position(keys[-1], (i + 1) * BT)
+    m.complete_store(m.prepare_store(keys, ctx).keys_to_store, ctx)
+    m.on_request_finished(ctx)
+    assert m.has_pending_work()  # staged: the next (empty) step issues them
+    writes = m.take_ssd_writes()
+    assert writes and m.has_pending_work()  # in flight: their outcome is still to come
+    assert "histate_ssd_write_queue" not in counters(m)  # not yet GAUGE_INTERVAL
+    m.on_ssd_written({w.key: True for w in writes})
+    assert not m.has_pending_work()
+    assert counters(m)["histate_ssd_write_queue"] == {(): 0}  # published on settling
+    assert "histate_ssd_write_queue" not in counters(m)
