@@ -22,7 +22,6 @@ small GPU cache. Results: benchmarks/results_fleet.md.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -30,6 +29,7 @@ import re
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,67 +39,12 @@ sys.path.insert(0, str(REPO / "examples"))
 from tests.engine.fleet import loopback_relay, router, served  # noqa: E402
 from tests.engine.kv_events import events_args, histate_connector  # noqa: E402
 from trace_replay import load  # noqa: E402
-from trace_replay.live import LiveConfig, prompt_tokens, summarize  # noqa: E402
+from trace_replay.live import LiveConfig, replay_live  # noqa: E402
 from trace_replay.sim.engine import limit_context  # noqa: E402
 from trace_replay.server import local_server  # noqa: E402
 
 MiB = 1 << 20
 SAMPLES = REPO / "trace_replay" / "samples" / "weka"
-
-
-async def _complete(client, url: str, tokens: list[int], max_tokens: int, session: str
-                    ) -> dict:
-    body = {"model": "tiny", "prompt": tokens, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    ttft, usage = None, None
-    async with client.stream("POST", f"{url}/v1/completions", json=body,
-                             headers={"X-Session-ID": session}) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("choices") and ttft is None:
-                ttft = time.perf_counter() - t0
-            usage = chunk.get("usage") or usage
-    details = (usage or {}).get("prompt_tokens_details") or {}
-    return {"ttft": ttft if ttft is not None else time.perf_counter() - t0,
-            "prompt_tokens": (usage or {}).get("prompt_tokens", len(tokens)),
-            "cached_tokens": details.get("cached_tokens")}
-
-
-async def _replay(url: str, workload, cfg: LiveConfig, salt: int) -> list[dict]:
-    import httpx
-
-    records: list[dict] = []
-    sessions = iter([s for s in workload.sessions if s.requests])
-    deadline = time.perf_counter() + cfg.max_time
-    async with httpx.AsyncClient(timeout=cfg.request_timeout) as client:
-        async def user() -> None:
-            for s in sessions:  # shared: each session goes to one user
-                for k, req in enumerate(s.requests):
-                    if k:
-                        prev = s.requests[k - 1]
-                        gap = min(max(0.0, req.t - prev.t), cfg.max_delay) * cfg.time_scale
-                        await asyncio.sleep(gap)
-                    if time.perf_counter() >= deadline:
-                        return
-                    tokens = prompt_tokens(req, workload.block_size, cfg, salt)
-                    rec = {"session": s.id, "index": k}
-                    try:
-                        rec.update(await _complete(
-                            client, url, tokens,
-                            max(1, min(req.output_tokens, cfg.max_output_tokens)),
-                            f"{salt}-{s.id}"))
-                        rec["ok"] = True
-                    except Exception as exc:  # noqa: BLE001 - recorded, never fatal
-                        rec.update(ok=False, error=f"{type(exc).__name__}: {exc}")
-                    records.append(rec)
-
-        await asyncio.gather(*(user() for _ in range(cfg.concurrency)))
-    return records
 
 
 def main() -> None:
@@ -126,10 +71,12 @@ def main() -> None:
     model = str(build(work / "tiny-qwen3-next"))
     workload = load([str(p) for p in args.traces])
     workload, _ = limit_context(workload, args.max_context)
-    cfg = LiveConfig(concurrency=args.users, max_time=args.duration,
-                     time_scale=args.time_scale, max_delay=args.max_delay,
-                     max_input_tokens=args.max_context,
-                     max_output_tokens=args.max_output_tokens, request_timeout=600.0)
+    # Recorded arrival gaps; every request names its session (the router's affinity key).
+    cfg = LiveConfig(model="tiny", concurrency=args.users, max_requests=1 << 30,
+                     max_time=args.duration, time_scale=args.time_scale, gap="arrival",
+                     max_delay=args.max_delay, max_input_tokens=args.max_context,
+                     max_output_tokens=args.max_output_tokens, request_timeout=600.0,
+                     session_header="X-Session-ID")
     serve_args = ["--served-model-name", "tiny", "--max-model-len", str(args.max_context + 512),
                   "--num-gpu-blocks-override", str(args.gpu_blocks)]
     results = {}
@@ -153,7 +100,7 @@ def main() -> None:
             sources.append(loopback_relay(endpoint))
         block = int(re.search(r"HiState: (\d+)-token blocks",
                               (work / "a.log").read_text()).group(1))
-        for salt, policy in enumerate(args.policies.split(","), start=1):
+        for run, policy in enumerate(args.policies.split(","), start=1):
             before = served(urls)
             extra = []
             if policy == "kv_aware":
@@ -162,9 +109,10 @@ def main() -> None:
                     extra += ["--kv-event-source", f"{u}={src}"]
             with router(urls, policy, work / f"router-{policy}.log", extra) as url:
                 print(f"{policy}: replaying for {args.duration:.0f} s", flush=True)
-                records = asyncio.run(_replay(url, workload, cfg, salt))
+                replay = replay_live(workload, replace(cfg, url=url, run=run))
+            records = replay["requests"]
             time.sleep(1.0)
-            s = summarize(records)
+            s = replay["summary"]
             s["split"] = [int(a - b) for a, b in zip(served(urls), before)]
             results[policy] = s
             (work / f"{policy}.json").write_text(json.dumps({"summary": s, "requests": records}))

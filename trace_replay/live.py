@@ -55,6 +55,10 @@ class LiveConfig:
     max_context: int = 0  # end a session at its first longer request (0: no limit)
     warm_prefix_tokens: int = 0  # the same tokens in front of every prompt
     recycle: bool = False  # users start the workload again (salted) when it runs out
+    # Each request carries this header with its session's name (a router's session
+    # affinity, e.g. vllm-router's consistent_hash on X-Session-ID); None: no header.
+    session_header: str | None = None
+    run: int = 0  # != 0: every prompt salted for this run (runs on one server share nothing)
 
     def __post_init__(self) -> None:
         if self.gap not in ("think", "arrival"):
@@ -84,16 +88,18 @@ def warm_prefix(cfg: LiveConfig) -> list[int]:
 
 def prompt_tokens(req: Request, block_size: int, cfg: LiveConfig, salt: int = 0) -> list[int]:
     """The prompt of `req`: the warm prefix, then the trace's tokens. `salt` (a recycled
-    pass) changes every trace token, so the pass shares only the warm prefix with others."""
+    pass) and `cfg.run` change every trace token, so the pass (or run) shares only the warm
+    prefix with others."""
     warm = warm_prefix(cfg) if cfg.warm_prefix_tokens else []
     n = max(1, min(req.input_tokens, cfg.max_input_tokens - len(warm)))
     span = np.uint64(max(1, cfg.vocab - MIN_TOKEN))
     offs = np.arange(block_size, dtype=np.uint64)
     parts = []
     ids = req.block_hashes.tolist()
-    if salt:
-        ids = mix64_array(namespace_seed("live-pass", salt), np.asarray(ids, np.uint64)
-                          ).tolist()
+    if salt or cfg.run:
+        seed = (namespace_seed("live-pass", salt) if not cfg.run
+                else namespace_seed("live-pass", salt, "run", cfg.run))
+        ids = mix64_array(seed, np.asarray(ids, np.uint64)).tolist()
     full = min(n // block_size, len(ids))
     for bid in ids[:full]:
         parts.append(mix64_array(int(bid), offs).astype(np.uint64) % span)
@@ -101,8 +107,8 @@ def prompt_tokens(req: Request, block_size: int, cfg: LiveConfig, salt: int = 0)
     if rest:
         # Inside a full block of the trace the block's own tokens (a cut prompt stays a
         # prefix); past the last full block, tokens of this request only.
-        seed = ids[full] if full < len(ids) else namespace_seed("live-tail", req.session_id,
-                                                                   req.index, salt)
+        seed = ids[full] if full < len(ids) else namespace_seed(
+            "live-tail", req.session_id, req.index, salt, *(("run", cfg.run) if cfg.run else ()))
         parts.append(mix64_array(int(seed), offs[:rest]).astype(np.uint64) % span)
     return warm + (np.concatenate(parts).astype(np.int64) + MIN_TOKEN).tolist()
 
@@ -131,7 +137,7 @@ async def _first_model(client, url: str) -> str:
 
 
 async def _complete(client, url: str, model: str, tokens: list[int], max_tokens: int,
-                    timeout: float, t_start: float) -> dict:
+                    timeout: float, t_start: float, headers: dict | None = None) -> dict:
     body = {"model": model, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     t0 = time.perf_counter()
@@ -139,8 +145,8 @@ async def _complete(client, url: str, model: str, tokens: list[int], max_tokens:
     usage = None
     text: list[str] = []  # greedy output, to compare servers request by request
     arrivals: list[float] = []  # when each streamed chunk came, s since the replay began
-    async with client.stream("POST", f"{url}/v1/completions", json=body,
-                             timeout=timeout) as resp:
+    async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout,
+                             headers=headers) as resp:
         if resp.status_code != 200:
             text = (await resp.aread()).decode(errors="replace")
             raise RuntimeError(f"HTTP {resp.status_code}: {text[:300]}")
@@ -201,7 +207,9 @@ async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict],
                     rec.update(await _complete(
                         client, url, model, tokens,
                         max(1, min(req.output_tokens, cfg.max_output_tokens)),
-                        cfg.request_timeout, t_start))
+                        cfg.request_timeout, t_start,
+                        {cfg.session_header: f"{cfg.run}-{salt}-{s.id}"}
+                        if cfg.session_header else None))
                     rec["ok"] = True
                 except Exception as exc:  # noqa: BLE001 - recorded, never fatal
                     rec.update(ok=False, error=f"{type(exc).__name__}: {exc}")

@@ -110,6 +110,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     delay = 0.05
 
     prompts: list = []
+    sessions: list = []  # the X-Session-ID header of each request
 
     def log_message(self, *args):
         pass
@@ -124,6 +125,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Handler.prompts.append(req["prompt"])
+        _Handler.sessions.append(self.headers.get("X-Session-ID"))
         time.sleep(self.delay)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -194,3 +196,26 @@ def test_decode_stalls_count_only_gaps_every_decoding_request_waited():
     got = decode_stalls(recs)
     assert got["stall_max"] == 1.0 and got["stalls_over_1s"] == 0
     assert got["itl_max"] == 3.0  # one request still waited that long
+
+
+def test_a_router_sees_each_session_by_name_and_runs_share_no_prompt():
+    """What bench_fleet replays through vllm-router: the session header (its affinity key)
+    on every request, and a run salt so two runs on the same engines share nothing."""
+    _Handler.prompts, _Handler.sessions = [], []
+    server = _Server(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    wl = synth.append_pattern(SHAPE)  # 2 sessions x 3 turns
+    try:
+        cfg = LiveConfig(url=f"http://127.0.0.1:{server.server_address[1]}", concurrency=2,
+                         session_header="X-Session-ID", run=3)
+        rep = replay_live(wl, cfg)
+    finally:
+        server.shutdown()
+    assert rep["summary"]["completed"] == 6
+    names = {s.id: f"3-0-{s.id}" for s in wl.sessions}
+    assert sorted(_Handler.sessions) == sorted(names[r["session"]] for r in rep["requests"])
+    req = wl.sessions[0].requests[0]
+    plain = prompt_tokens(req, wl.block_size, LiveConfig())
+    runs = [prompt_tokens(req, wl.block_size, LiveConfig(run=k)) for k in (1, 2)]
+    assert len({tuple(plain[:64]), *(tuple(r[:64]) for r in runs)}) == 3
+    assert prompt_tokens(req, wl.block_size, LiveConfig(run=0)) == plain
