@@ -26,7 +26,8 @@ def router_binary() -> str:
 
 @contextlib.contextmanager
 def engine(model: str, work: Path, name: str, ssd: Path, endpoint: str | None,
-           gpu_blocks: int, extra: Sequence[str] = ()) -> Iterator[str]:
+           gpu_blocks: int, extra: Sequence[str] = (), ssd_bytes: int | None = None
+           ) -> Iterator[str]:
     """One OpenAI server with HiState (its own ssd_dir) and, given an endpoint, vLLM's KV
     event publisher bound there."""
     args = ["--max-model-len", "8192", "--num-gpu-blocks-override", str(gpu_blocks),
@@ -34,7 +35,8 @@ def engine(model: str, work: Path, name: str, ssd: Path, endpoint: str | None,
     if endpoint:
         args += events_args(endpoint)
     with local_server(model, work / f"{name}.log", args=args,
-                      connector=histate_connector(str(ssd)), startup_timeout=STARTUP_TIMEOUT,
+                      connector=histate_connector(str(ssd), **(
+                          {} if ssd_bytes is None else {"ssd_bytes": ssd_bytes})), startup_timeout=STARTUP_TIMEOUT,
                       cwd=str(work)) as url:
         yield url
 

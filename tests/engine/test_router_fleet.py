@@ -12,6 +12,7 @@ engines' event endpoints: see test_kv_aware_* for what it does with a hybrid mod
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -26,6 +27,10 @@ from trace_replay.server import metric_sum, metrics
 pytestmark = pytest.mark.engine
 
 GPU_BLOCKS = 40
+# Room on SSD for every session the module sends (about 160 MiB per engine at 384-token
+# blocks): a full store admits a new session's backups only in place of other backups,
+# never of data held on SSD alone, and the failover test needs its session there.
+SSD_BYTES = 1 << 30
 TURNS = 4
 MODEL = "tiny"  # --served-model-name
 rng = random.Random(2024)
@@ -41,7 +46,7 @@ class Fleet(dict):
     def start(self, i: int, log_name: str) -> None:
         name = "ab"[i]
         cm = engine(self["model"], self["work"], log_name, self["work"] / f"{name}-ssd",
-                    self["endpoints"][i], GPU_BLOCKS)
+                    self["endpoints"][i], GPU_BLOCKS, ssd_bytes=SSD_BYTES)
         self["urls"][i] = cm.__enter__()
         self["cms"][i] = cm
 
@@ -194,6 +199,8 @@ def test_failover_continues_on_the_other_engine_and_keeps_the_store(fleet):
         home = which_engine(fleet["urls"], before)
         other = 1 - home
         _ssd_settled(fleet["urls"][home], writes[home])  # written in the background
+        full = metric_sum(metrics(fleet["urls"][home]), "histate_evictions_total", tier="ssd")
+        assert full == 0, f"the store filled up ({full} SSD evictions): raise SSD_BYTES"
         fleet.stop(home)
         turns = []
         for _ in range(3):
@@ -217,9 +224,16 @@ def test_failover_continues_on_the_other_engine_and_keeps_the_store(fleet):
     assert re.search(r"checkpoints ok: [1-9]\d* +bad: 0 +quarantined: 0", r.stdout), r.stdout
     assert re.search(r"chunks ok: [1-9]\d* +bad: 0 ", r.stdout), r.stdout
     fleet.start(home, f"{'ab'[home]}-again")
-    first = prompt[:3000]
-    out = complete(fleet["urls"][home], MODEL, first + _tokens(10))
-    assert cached_tokens(out) >= block and _restored(fleet["urls"][home]) > 0
+    first = prompt[:3000] + _tokens(10)
+    out = complete(fleet["urls"][home], MODEL, first)
+    if cached_tokens(out) < block or _restored(fleet["urls"][home]) <= 0:
+        # What the event log says about this prompt (`inspect why`), in the failure.
+        path = work / "failover-prompt.json"
+        path.write_text(json.dumps({"prompt_token_ids": first}))
+        r = subprocess.run([sys.executable, "-m", "histate_vllm", "inspect", str(store), "why",
+                            str(path)], capture_output=True, text=True)
+        raise AssertionError(f"no restore after the restart: cached {cached_tokens(out)}, "
+                             f"restored {_restored(fleet['urls'][home])}\n{r.stdout}{r.stderr}")
     r = subprocess.run([sys.executable, "-m", "histate_vllm.store", "fsck", str(store)],
                        capture_output=True, text=True)
     assert "orphans: 0" in r.stdout and "unusable manifest" not in r.stdout, r.stdout
