@@ -416,7 +416,7 @@ class Orchestrator:
                 if missing and all(k in deferred for k in missing):
                     self._staged.append(item)  # after its KV chunks, next time
                     continue
-                if missing:
+                if missing and not self.policy.states_lead:
                     self.stats["ssd_state_skips"] += 1
                     continue  # stays in DRAM: a KV chunk before it is not on SSD
             if self._spills or not self._fits(entry.nbytes):

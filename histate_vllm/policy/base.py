@@ -19,6 +19,11 @@ from .types import Admission, Hit, Item, Tier
 
 
 class PolicyCore(ABC):
+    # True: a checkpoint may be written to SSD ahead of the KV chunks before it (see
+    # Evictor.states_lead). Simulator only for now: the engine's store publishes a
+    # checkpoint only with its chunks on SSD, and its config has no way to set this.
+    states_lead = False
+
     @abstractmethod
     def where(self, key: bytes) -> frozenset[Tier]:
         """Tiers holding a committed copy of `key` (pending writes excluded)."""

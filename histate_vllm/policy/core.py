@@ -52,6 +52,7 @@ class HiStatePolicy(Residency, PolicyCore):
         terminal_reuse: float | None = None,
         keep_backups: bool = False,
         drop_stuck: bool = False,
+        states_lead: bool = False,
         kv_groups: Sequence[int] | None = None,
         state_groups: Sequence[int] | None = None,
         kv_bytes_per_token: float | None = None,
@@ -67,6 +68,7 @@ class HiStatePolicy(Residency, PolicyCore):
         self.ev.keep_backups = bool(keep_backups)
         self.ev.move_down = not keep_backups
         self.ev.drop_stuck = bool(drop_stuck)
+        self.ev.states_lead = self.states_lead = bool(states_lead)
         self.index = PrefixIndex(planner.block_tokens, self.ev.dirty)
         self.ev.index = self.index
         self._dprefix = self._prefix(None)

@@ -120,6 +120,10 @@ class Evictor:
         # chunks move down in its place: it is read at most once per fork, the KV on
         # every turn (issue 21). `stuck` tells the caller the copy it got is such a one.
         self.drop_stuck = False
+        # True: a historical checkpoint moves to SSD ahead of the KV chunks before it (its
+        # SSD copy serves while that KV is held in any tier; a restart keeps it only once
+        # they are on SSD too). Its DRAM bytes go back to KV at once.
+        self.states_lead = False
         self.stuck = False
         # Only one not hit since this time (set by the core before each pass: now - tau,
         # the learned reuse interval): one hit more recently may still be forked from.
@@ -304,7 +308,7 @@ class Evictor:
                 if not move:
                     aside.append(top)
                     continue
-                if e.kind is not _KV and not self._kv_on_ssd(e):
+                if e.kind is not _KV and not self.states_lead and not self._kv_on_ssd(e):
                     if not self.drop_stuck or e.node.t_last > self.stuck_before:
                         aside.append(top)
                         continue

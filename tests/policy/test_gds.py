@@ -392,6 +392,24 @@ def test_drop_stuck_deletes_a_historical_checkpoint_that_cannot_move_down():
         core.check_invariants()
 
 
+def test_states_lead_moves_a_historical_checkpoint_before_its_kv():
+    """With states_lead (simulator option), DRAM pressure moves a historical checkpoint held
+    in DRAM alone to SSD first, though no KV chunk before it is there: its KV stays in DRAM,
+    and the checkpoint still restores from SSD with that KV."""
+    core, mgr, clock = build(dram=8 * KVB + 2 * STB, terminal_reuse=0.5, states_lead=True)
+    a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")
+    store(mgr, a, 8, [4, 8])  # history at 4 blocks, terminal at 8: all in DRAM only
+    mid = state_key(a, 4)
+    clock.advance(10)
+    adm = core.admit([kv_item(b, 0, BT, KVB)], Tier.DRAM)
+    assert adm.spill == [mid] and adm.evict == [(mid, Tier.DRAM)]
+    core.committed(mid, Tier.SSD, True)
+    assert core.where(mid) == {Tier.SSD}
+    assert all(core.where(make_key(h, 0)) == {Tier.DRAM} for h in a)  # no KV moved
+    assert core.restorable(a[:4]).position == 4 * BT
+    core.check_invariants()
+
+
 def test_a_prefill_in_flight_keeps_the_kv_under_its_own_checkpoints():
     """Mid-prefill, the checkpoint a request has just left is a leaf bundle (nothing below
     it yet): evicting it would take its KV segment along, the state at the request's end
