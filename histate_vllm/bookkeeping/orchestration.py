@@ -37,6 +37,9 @@ class SSDWrite:
     # For a state: the KV chunk keys of every block before it (its manifest names them).
     chunk_keys: tuple[bytes, ...] = ()
     provenance: str = ""
+    # A state written ahead of chunk_keys (some are held in DRAM only): the store keeps it
+    # for this process, without a manifest, and a restart drops it (policy `states_lead`).
+    ahead: bool = False
 
 
 @dataclass(slots=True)
@@ -57,6 +60,8 @@ class Entry:
     # Never copied to SSD: its bytes depend on something the store identity does not
     # cover (a LoRA adapter's weights), so a restart could restore them wrongly.
     dram_only: bool = False
+    # Its SSD copy was written ahead of the KV chunks before it (SSDWrite.ahead).
+    ahead: bool = False
 
     @property
     def readable(self) -> bool:
@@ -150,7 +155,7 @@ class Orchestrator:
         self._reserved: dict[bytes, int] = {}
         # DRAM copies the policy moved to SSD, to be copied from their slots.
         self._spills: list[SSDWrite] = []
-        self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0,
+        self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0, "states_ahead": 0,
                       "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0}
         # Called with every batch of policy events drained (metrics, the event log).
         self.on_events: Callable[[list], None] | None = None
@@ -475,9 +480,13 @@ class Orchestrator:
         return out, []
 
     def _write(self, key: bytes, entry: Entry) -> SSDWrite:
+        ahead = entry.is_state and not all(self._on_or_to_ssd(k) for k in entry.refs)
+        if ahead:
+            self.stats["states_ahead"] += 1
+        entry.ahead = ahead
         return SSDWrite(key=key, slot=entry.slot, is_state=entry.is_state,
                         position=entry.position, chunk_keys=entry.refs,
-                        provenance=entry.request_id)
+                        provenance=entry.request_id, ahead=ahead)
 
     def _take_spills(self, keys: Sequence[bytes]) -> None:
         """The policy moves these DRAM copies to SSD (HiState's hierarchy): queue their
@@ -487,7 +496,8 @@ class Orchestrator:
             entry = self.entries.get(key)
             ok = (self.has_ssd and entry is not None and entry.slot >= 0 and entry.dram_ready
                   and not entry.dram_only and not entry.ssd_pending and not entry.on_ssd
-                  and (not entry.is_state or all(self._on_or_to_ssd(k) for k in entry.refs)))
+                  and (not entry.is_state or self.policy.states_lead
+                       or all(self._on_or_to_ssd(k) for k in entry.refs)))
             if not ok:
                 self.stats["spills_declined"] += 1
                 self.policy.committed(key, Tier.SSD, False)

@@ -20,8 +20,7 @@ from .types import Admission, Hit, Item, Tier
 
 class PolicyCore(ABC):
     # True: a checkpoint may be written to SSD ahead of the KV chunks before it (see
-    # Evictor.states_lead). Simulator only for now: the engine's store publishes a
-    # checkpoint only with its chunks on SSD, and its config has no way to set this.
+    # Evictor.states_lead; the store keeps such a state for this process only).
     states_lead = False
 
     @abstractmethod

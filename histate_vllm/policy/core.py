@@ -52,7 +52,7 @@ class HiStatePolicy(Residency, PolicyCore):
         terminal_reuse: float | None = None,
         keep_backups: bool = False,
         drop_stuck: bool = False,
-        states_lead: bool = False,
+        states_lead: bool = True,
         kv_groups: Sequence[int] | None = None,
         state_groups: Sequence[int] | None = None,
         kv_bytes_per_token: float | None = None,

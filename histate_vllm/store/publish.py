@@ -5,6 +5,8 @@ directories of the state and of every chunk it references (those this process ha
 synced since a file was last renamed into them), then writes the manifest to
 a temporary name, fsyncs it, renames it into place and fsyncs its directory: a crash at
 any point leaves the whole checkpoint or none (leftovers go in the garbage pass).
+`write_state_ahead` is the exception, by design: a state written before the chunks its
+manifest would name, read back only by the process that wrote it (an orphan afterwards).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from histate_vllm.store.format import (
     encode_manifest,
 )
 from histate_vllm.store.layout import Layout, new_state_file
-from histate_vllm.store.reader import BadEntry, peek_header
+from histate_vllm.store.reader import BadEntry, Expect, peek_header
 from histate_vllm.store.threads import executor
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ class PublishMixin:
     quarantine_keep: int
     _digest: str
     _lock: threading.Lock
+    _ahead: dict[bytes, Expect]  # states written ahead of their chunks -> what was written
     # Directory -> renames into it by this process; and the count its last fsync covered.
     _dir_gen: dict[str, int]
     _dir_synced: dict[str, int]
@@ -158,8 +161,9 @@ class PublishMixin:
         self._ok()
         return size
 
-    def _write_payload(self, path: str, header: bytes, mv: memoryview, sync_dir: bool) -> int:
-        kw = {"fsync": self.fsync, "sync_dir": sync_dir}
+    def _write_payload(self, path: str, header: bytes, mv: memoryview, sync_dir: bool,
+                       fsync: bool | None = None) -> int:
+        kw = {"fsync": self.fsync if fsync is None else fsync, "sync_dir": sync_dir}
         if self.direct_io:
             try:
                 return write_payload_atomic(path, header, mv, direct=True, **kw)
@@ -223,6 +227,34 @@ class PublishMixin:
             expected = HEADER_BYTES + h.nbytes
             raise self._corrupt_chunk(ck, f"{size} bytes on disk, expected {expected}")
         return ChunkRef(ck, h.nbytes, h.checksum, int(h.algo))
+
+    def write_state_ahead(self, key: bytes, payload, *, provenance: str) -> int:
+        """Write a checkpoint's state ahead of the KV chunks before it (they are held in
+        DRAM, not on SSD yet): no manifest, so nothing after a restart can trust it. This
+        process reads it back (`read_checkpoint`, verified against what it wrote here),
+        restored together with KV read from elsewhere; the next start removes the file as
+        an orphan. Not fsynced, for the same reason. Returns the bytes on disk."""
+        check_key(key)
+        provenance = bounded_provenance(provenance)
+        mv = payload_view(payload)
+        csum = checksum(self.algo, mv)
+        state_file = new_state_file(key)
+        path = self.layout.state_path(key, state_file)
+        header = encode_header(
+            PayloadHeader(Kind.STATE, self.algo, len(mv), csum, self._digest, key, provenance)
+        )
+        try:
+            self._ensure_dir(os.path.dirname(path))
+            size = self._write_payload(path, header, mv, sync_dir=False, fsync=False)
+        except OSError as e:
+            raise self._fail(classify(e, "write state ahead")) from e
+        with self._lock:
+            old = self._ahead.get(key)
+            self._ahead[key] = Expect(len(mv), csum, int(self.algo), state_file)
+        if old is not None and old.state_file != state_file:
+            remove_quietly(self.layout.state_path(key, old.state_file))
+        self._ok()
+        return size
 
     def publish_checkpoint(
         self,
@@ -313,5 +345,9 @@ class PublishMixin:
             raise self._fail(classify(e, "publish checkpoint")) from e
         if old is not None and old.state_file != state_file:
             remove_quietly(layout.state_path(key, old.state_file))
+        with self._lock:
+            ahead = self._ahead.pop(key, None)
+        if ahead is not None:  # published now: the copy written ahead is not read again
+            remove_quietly(layout.state_path(key, ahead.state_file))
         self._ok()
         return size

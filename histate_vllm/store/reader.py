@@ -32,12 +32,13 @@ class BadEntry(Exception):
 class Expect:
     """What a manifest recorded about a payload; the file must agree."""
 
-    __slots__ = ("algo", "checksum", "nbytes")
+    __slots__ = ("algo", "checksum", "nbytes", "state_file")
 
-    def __init__(self, nbytes: int, checksum: int, algo: int) -> None:
+    def __init__(self, nbytes: int, checksum: int, algo: int, state_file: str = "") -> None:
         self.nbytes = nbytes
         self.checksum = checksum
         self.algo = algo
+        self.state_file = state_file  # a state written ahead: its file name
 
 
 def out_view(out, nbytes: int | None = None) -> memoryview:

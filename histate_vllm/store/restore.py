@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from histate_vllm.store import quarantine
 from histate_vllm.store.errors import CorruptEntry, MissingEntry
-from histate_vllm.store.fileio import classify
+from histate_vllm.store.fileio import classify, remove_quietly
 from histate_vllm.store.format import (
     HEADER_BYTES,
     FormatError,
@@ -57,6 +57,7 @@ class RestoreMixin:
     quarantine_keep: int
     _digest: str
     _lock: threading.Lock
+    _ahead: dict[bytes, Expect]
     _direct_reads: bool = True  # O_DIRECT restores until the file system refuses one
 
     def read_chunk(self, key: bytes, out) -> int:
@@ -163,6 +164,9 @@ class RestoreMixin:
         `prefetch_chunks` (with `verify_chunks`) starts reading those chunk files in
         the background, for a restore that reads them next (see `prefetch`).
         """
+        ahead = self._ahead.get(key)
+        if ahead is not None:
+            return self._read_ahead(key, ahead, out)
         for attempt in range(2):
             m = self.load_manifest(key)
             if verify_chunks:
@@ -180,6 +184,22 @@ class RestoreMixin:
             except OSError as e:
                 raise self._fail(classify(e, "read checkpoint")) from e
         raise AssertionError("unreachable")
+
+    def _read_ahead(self, key: bytes, ahead: Expect, out) -> int:
+        """A state written ahead of its chunks (`write_state_ahead`), verified against the
+        size and checksum written; a bad or missing one is forgotten and its file removed."""
+        path = self.layout.state_path(key, ahead.state_file)
+        try:
+            return self._read_payload(path, key, Kind.STATE, out, ahead)
+        except (FileNotFoundError, BadEntry) as e:
+            reason = "state file missing" if isinstance(e, FileNotFoundError) else str(e)
+        except OSError as e:
+            raise self._fail(classify(e, "read checkpoint")) from e
+        with self._lock:
+            if self._ahead.get(key) is ahead:
+                del self._ahead[key]
+        remove_quietly(path)
+        raise CorruptEntry(key, "checkpoint", f"written ahead: {reason}", (key,))
 
     def load_manifest(self, key: bytes) -> Manifest:
         """The verified manifest of a checkpoint (quarantined if it does not verify)."""

@@ -72,6 +72,7 @@ class SSDStore(PublishMixin, RestoreMixin):
         self._digest = self.layout.digest
         self._known_dirs: set[str] = set()
         self._lock = threading.Lock()
+        self._ahead = {}  # see write_state_ahead
         self._dir_gen: dict[str, int] = {}
         self._dir_synced: dict[str, int] = {}
         self._dir_sync_lock = threading.Lock()
@@ -149,6 +150,8 @@ class SSDStore(PublishMixin, RestoreMixin):
 
         Chunks are not touched: the caller deletes those no other checkpoint uses.
         """
+        with self._lock:
+            self._ahead.pop(key, None)  # its file goes with the others below
         freed = self._unlink(self.layout.manifest_path(key), "delete checkpoint")
         sdir = self.layout.state_dir(key)
         prefix = key.hex() + "."
@@ -179,7 +182,7 @@ class SSDStore(PublishMixin, RestoreMixin):
         return size
 
     def has_checkpoint(self, key: bytes) -> bool:
-        return os.path.exists(self.layout.manifest_path(key))
+        return key in self._ahead or os.path.exists(self.layout.manifest_path(key))
 
     def has_chunk(self, key: bytes) -> bool:
         return os.path.exists(self.layout.chunk_path(key))

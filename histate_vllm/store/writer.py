@@ -67,6 +67,7 @@ class Completion:
 
 class _Item:
     __slots__ = (
+        "ahead",
         "cancelled",
         "chunk_keys",
         "finished",
@@ -89,6 +90,7 @@ class _Item:
         self.provenance = provenance
         self.position = position
         self.chunk_keys = chunk_keys
+        self.ahead = False  # a checkpoint's state written ahead of its chunks
         self.cancelled = False
         self.waiters = 1  # submits this write answers
         self.fn = None  # a task: called with the store
@@ -178,8 +180,10 @@ class StoreWriter:
         chunk_keys: Sequence[bytes],
         provenance: str,
         supersedes: Sequence[bytes] = (),
+        ahead: bool = False,
     ) -> bool:
-        """Queue a checkpoint publish; False if rejected (queue full)."""
+        """Queue a checkpoint publish; False if rejected (queue full). `ahead`: write
+        only its state, ahead of `chunk_keys` (see SSDStore.write_state_ahead)."""
         mv = payload_view(payload)
         done: list[Completion] = []
         with self._cv:
@@ -198,7 +202,9 @@ class StoreWriter:
                     it.payload = None
                     self.stats["superseded"] += 1
                     done.append(Completion(it.key, "checkpoint", False, "superseded", 0))
-                item = _Item("checkpoint", key, mv, provenance, position, tuple(chunk_keys))
+                item = _Item("checkpoint", key, mv, provenance, position,
+                             () if ahead else tuple(chunk_keys))
+                item.ahead = ahead
                 self._enqueue_locked(item)
                 self._queued_ckpt[key] = item
         self._emit(done)
@@ -424,6 +430,8 @@ class StoreWriter:
                 n = store.write_chunk(
                     item.key, item.payload, provenance=item.provenance, on_conflict="replace"
                 )
+            elif item.ahead:
+                n = store.write_state_ahead(item.key, item.payload, provenance=item.provenance)
             else:
                 n = store.publish_checkpoint(
                     item.key,

@@ -239,7 +239,7 @@ class HiStateManager(OffloadingManager):
     def take_ssd_writes(self) -> list[SSDWrite]:
         """SSD copies of what this step staged in DRAM; called after all its store jobs."""
         writes = self.orch.take_ssd_writes()
-        self.observer.ssd_writes_issued(len(writes))
+        self.observer.ssd_writes_issued(writes)
         return writes
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,

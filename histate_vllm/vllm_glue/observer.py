@@ -101,9 +101,11 @@ class Observer:
         tier_at: dict[int, str] = {}
         nbytes: Counter = Counter()
         entries = self.orch.entries
+        ahead = 0
         for key, slot in zip(keys, slots):
             entry = entries[key]
             nbytes["ssd" if slot < 0 else "dram"] += entry.nbytes
+            ahead += slot < 0 and entry.ahead
             if tier_at.get(entry.position) != "ssd":
                 tier_at[entry.position] = "ssd" if slot < 0 else "dram"
         bt = self.layout.block_tokens
@@ -111,6 +113,8 @@ class Observer:
         self.telemetry.load_issued(request_id, {t: n * bt for t, n in per_tier.items()},
                                    dict(nbytes))
         self._loading[request_id] = list(keys)
+        if ahead:
+            self.telemetry.add("ssd_states_ahead_read", ahead)
 
     def load_failed(self, request_ids: Iterable[str], lost: Collection[bytes]) -> None:
         for rid in request_ids:
@@ -126,8 +130,11 @@ class Observer:
         self._loading.pop(request_id, None)
         self.telemetry.request_finished(request_id)
 
-    def ssd_writes_issued(self, n: int) -> None:
-        self.telemetry.add("ssd_writes", n)
+    def ssd_writes_issued(self, writes) -> None:
+        self.telemetry.add("ssd_writes", len(writes))
+        ahead = sum(w.ahead for w in writes)
+        if ahead:
+            self.telemetry.add("ssd_states_ahead", ahead)
 
     def ssd_written(self, results: dict[bytes, bool]) -> None:
         """Before the orchestrator applies them: count writes that did not land."""
@@ -215,7 +222,7 @@ class Observer:
         """Log (and return) the INFO line for the counts since the last one; None, and
         nothing logged, when nothing happened (background SSD copies alone do not count)."""
         window = self.telemetry.window()
-        if not window or {name for name, _ in window} <= {"ssd_writes"}:
+        if not window or {name for name, _ in window} <= {"ssd_writes", "ssd_states_ahead"}:
             return None
         g = self._measure()
         gauges = {"DRAM MiB": round(g[("bytes", ("dram",))] / 2**20, 1)}

@@ -139,16 +139,17 @@ def _gpu_hits(llm) -> int:
                    if m.name == "vllm:prefix_cache_hits" and hasattr(m, "value")))
 
 
-def _restored() -> dict[str, int]:
+def _restored(name: str = "restored_tokens") -> dict[str, int]:
     """Tokens the connector has restored so far, per tier (its restored_tokens counter, in
-    this process's Prometheus registry; vLLM's get_metrics lists only its own)."""
+    this process's Prometheus registry; vLLM's get_metrics lists only its own); or another
+    of its counters, by label "tier" ("" without)."""
     from prometheus_client import REGISTRY
 
     from histate_vllm.vllm_glue.prom_metrics import PREFIX
 
     out: dict[str, int] = {}
     for metric in REGISTRY.collect():
-        if metric.name != PREFIX + "restored_tokens":
+        if metric.name != PREFIX + name:
             continue
         for s in metric.samples:
             if s.name.endswith("_total"):
@@ -267,6 +268,7 @@ def main(spec_path: str, out_path: str) -> None:
                               logprobs=spec.get("logprobs", TOP_LOGPROBS))
                for r in batch]
         gpu_before, restored_before = _gpu_hits(llm), _restored()
+        ahead_before = _restored("ssd_states_ahead_read").get("", 0)
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt"]) for r in batch], sps,
                             use_tqdm=False)
@@ -274,6 +276,7 @@ def main(spec_path: str, out_path: str) -> None:
         gpu_hits = _gpu_hits(llm) - gpu_before
         restored = {t: n - restored_before.get(t, 0) for t, n in _restored().items()
                     if n > restored_before.get(t, 0)}
+        ahead = _restored("ssd_states_ahead_read").get("", 0) - ahead_before
         for r, out in zip(batch, outs):
             completion = out.outputs[0]
             metrics = out.metrics
@@ -289,6 +292,8 @@ def main(spec_path: str, out_path: str) -> None:
                     **({"gpu_cached_tokens": gpu_hits} if len(batch) == 1 else {}),
                     # Restored by the connector, per tier ({} for a batch, as above).
                     **({"restored": restored} if len(batch) == 1 else {}),
+                    # State pages of it read from copies written ahead of their KV.
+                    **({"states_ahead": ahead} if len(batch) == 1 and ahead else {}),
                     token_ids=list(completion.token_ids),
                     logprobs=[lp[tok].logprob
                               for tok, lp in zip(completion.token_ids, completion.logprobs)],

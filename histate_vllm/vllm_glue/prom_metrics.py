@@ -47,6 +47,11 @@ _DEFS: dict[str, OffloadingMetricMetadata] = {
                                   "them (or they moved there), by tier and reason.",
                     labelnames=("tier", "reason")),
     "ssd_writes": _C(documentation="SSD writes issued to the worker."),
+    "ssd_states_ahead": _C(documentation="Of those, checkpoint states written ahead of the "
+                                         "KV chunks before them (held in DRAM): restorable "
+                                         "while this server runs, not after a restart."),
+    "ssd_states_ahead_read": _C(documentation="State pages restores read from copies "
+                                              "written ahead of their KV chunks."),
     "ssd_writes_dropped": _C(documentation="SSD writes that did not land (queue full or "
                                            "I/O error); the data stays in DRAM or is lost."),
     "ssd_write_queue": _G(documentation="SSD copies waiting to be issued or issued and not "

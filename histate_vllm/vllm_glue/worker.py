@@ -258,7 +258,7 @@ class HiStateWorker(OffloadingWorker):
         if w.is_state:
             ok = self.writer.submit_checkpoint(
                 w.key, payload, position=w.position, chunk_keys=w.chunk_keys,
-                provenance=w.provenance,
+                provenance=w.provenance, ahead=w.ahead,
             )
         else:
             ok = self.writer.submit_chunk(w.key, payload, provenance=w.provenance)

@@ -245,3 +245,25 @@ def test_ssd_work_keeps_the_engine_stepping_until_the_books_settle():
     stored, _, _ = nossd.offer("r", keys, [BT, 2 * BT, 2 * BT], hb, 2 * BT + 1)
     nossd.complete_store(stored, True)
     assert not nossd.ssd_busy()
+
+
+def test_a_historical_checkpoint_moves_to_ssd_ahead_of_its_kv():
+    """DRAM pressure moves a historical checkpoint to SSD before any KV chunk (states_lead,
+    the default), though the KV before it is held in DRAM only: its write says so (`ahead`:
+    the store keeps it without a manifest), and it restores with that KV from DRAM."""
+    orch, policy, clock, _ = build(slots=12, ssd_keys=64, headroom_keys=2)
+    a = hashes(5, b"a")
+    policy.set_budget(Tier.SSD, 0)  # no room on SSD for a's copies: DRAM holds it alone
+    store(orch, "a", a, {3, 5})
+    policy.set_budget(Tier.SSD, 64 * KEY)
+    mid = make_key(a[2], 1)
+    assert policy.where(mid) == {Tier.DRAM} and policy.restorable(a[:3]).position == 3 * BT
+    clock.t += 100
+    _, writes = store(orch, "b", hashes(4, b"b"), set())
+    moved = {w.key: w for w in writes}
+    assert moved[mid].ahead and moved[mid].chunk_keys == tuple(make_key(h, 0) for h in a[:3])
+    assert orch.stats["states_ahead"] >= 1
+    assert policy.where(mid) == {Tier.SSD}
+    assert all(policy.where(make_key(h, 0)) == {Tier.DRAM} for h in a[:3])
+    assert policy.restorable(a[:3]).position == 3 * BT
+    policy.check_invariants()

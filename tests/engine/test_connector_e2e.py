@@ -129,6 +129,24 @@ def run_y(tiny_model, ssm_dtype, work, run_x):
     return run
 
 
+@pytest.fixture(scope="module")
+def run_w(tiny_model, ssm_dtype, work):
+    """States written ahead of their KV: the SSD writer takes one write at a time, so A1's
+    KV backups are still waiting when DRAM (2.5 MiB) runs short during A1 and moves its
+    historical checkpoints to SSD, ahead of that KV. A flood then empties the GPU (24
+    blocks) and DRAM; FORK resumes at one of those checkpoints."""
+    spec = dict(
+        _engine(tiny_model, ssm_dtype, dense_states=True,
+                connector=dict(dram_bytes=5 * MiB // 2, ssd_dir=str(work / "ssd-w"),
+                               ssd_bytes=64 * MiB, ssd_queue_bytes=1),
+                requests=[_req("A1", A1), dict(name="F2", **FLOOD), _req("FORK", FORK)]),
+        num_gpu_blocks=24, max_model_len=4096,
+    )
+    run = run_engine(work, "W", spec)
+    assert run.returncode == 0, run.log[-4000:]
+    return run
+
+
 def _cold(tiny_model, ssm_dtype, work, name, chunk):
     spec = _engine(tiny_model, ssm_dtype, prefix_caching=False, max_num_batched_tokens=chunk,
                    requests=[_req(n, p) for n, p in CHECKED.items()])
@@ -291,6 +309,16 @@ def test_ssd_restores_are_exact(run_y, cold, tolerance, name):
     assert run_y[name]["num_cached_tokens"] > 0
     ok, why = matches(run_y[name], cold[name], tolerance)
     assert ok, f"{name}: {why}"
+
+
+def test_a_state_written_ahead_of_its_kv_restores_exactly(run_w, cold, tolerance):
+    """The restore read a state page from a copy written ahead of its KV chunks (no
+    manifest names it; the KV came from DRAM or SSD) and decodes as the cold run. The
+    store's own tests show a damaged copy is caught (tests/store/test_store_ahead.py)."""
+    fork = run_w["FORK"]
+    assert fork.get("states_ahead", 0) > 0, fork.get("restored")
+    ok, why = matches(fork, cold["FORK"], tolerance)
+    assert ok, f"FORK (cached {fork['num_cached_tokens']}, {fork['restored']}): {why}"
 
 
 def _swap_state(store_root: Path, wanted_position: int) -> None:

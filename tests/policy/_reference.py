@@ -4,8 +4,8 @@ It reads only the primary state of a policy (tree links, entries, residency, pin
 touch order) and re-derives liveness, units, costs, scores and placement ranks without any of
 the incremental machinery, then evicts one candidate at a time exactly as the contract says:
 stage 1 (copies the other tier also holds: from DRAM what SSD backs, and when spilling KV
-chunks held in DRAM only, and historical checkpoints held in DRAM only whose KV path is all
-on SSD, which move to SSD; from SSD the backups of KV chunks and terminal
+chunks held in DRAM only, and historical checkpoints held in DRAM only (with `states_lead`
+any; without, only those whose KV path is all on SSD), which move to SSD; from SSD the backups of KV chunks and terminal
 checkpoints DRAM holds; placement rank, then least recently touched),
 then stage 2 (the unit with the lowest H = t_last + tau*C/M, ties by node id): deleted in
 every tier, or with `spill` (DRAM pressure, an SSD tier) its DRAM copies move to SSD.
@@ -45,6 +45,7 @@ def snapshot(p):
         "protected": set(p.ev.protected_reqs),
         "used": dict(p.used),
         "budgets": dict(p.budgets),
+        "states_lead": p.ev.states_lead,
     }
 
 
@@ -52,6 +53,7 @@ def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
                         spill: bool = False) -> list[tuple[bytes, Tier]]:
     nodes: dict[bytes, N] = snap["nodes"]
     used = dict(snap["used"])
+    lead = snap["states_lead"]
     out: list[tuple[bytes, Tier]] = []
     bit = BIT[tier]
 
@@ -109,9 +111,10 @@ def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
                     continue
                 if not e.resident & ~bit and not (
                         spill and tier == Tier.DRAM
-                        and (e.kind == Kind.KV or (not is_leaf(n) and path_on_ssd(n)))):
-                    # held once: only a KV chunk, or a historical checkpoint whose every KV
-                    # chunk before it is on SSD, moves down (from DRAM, spilling)
+                        and (e.kind == Kind.KV
+                             or (not is_leaf(n) and (lead or path_on_ssd(n))))):
+                    # held once: only a KV chunk, or a historical checkpoint (without
+                    # states_lead, one whose every KV chunk before it is on SSD), moves down
                     continue
                 if tier == Tier.DRAM:
                     rank = (1 if is_leaf(n) else 0) if e.kind == Kind.STATE else 2

@@ -344,8 +344,9 @@ def test_dram_pressure_moves_kv_to_ssd():
 def test_dram_pressure_moves_a_historical_checkpoint_once_its_kv_is_on_ssd():
     """A historical checkpoint held in DRAM alone (its SSD write had to wait for its KV) is
     what DRAM pressure moves down first, but only once every KV chunk before it is on SSD:
-    its manifest names them. Until then it waits in DRAM, and KV chunks move instead."""
-    core, mgr, clock = build(dram=8 * KVB + 2 * STB, terminal_reuse=0.5)
+    its manifest names them. Until then it waits in DRAM, and KV chunks move instead.
+    (With states_lead off; on, the default, it moves at once: the test after next.)"""
+    core, mgr, clock = build(dram=8 * KVB + 2 * STB, terminal_reuse=0.5, states_lead=False)
     a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")
     store(mgr, a, 8, [4, 8])  # history at 4 blocks, terminal at 8: all in DRAM only
     mid = state_key(a, 4)
@@ -376,7 +377,8 @@ def test_drop_stuck_deletes_a_historical_checkpoint_that_cannot_move_down():
     (so it cannot move there) and not hit within tau is deleted in its stage-1 turn instead
     of waiting while KV chunks move down in its place; one hit within tau waits."""
     for wait, deleted in ((1.0, False), (None, True)):
-        core, mgr, clock = build(dram=8 * KVB + 2 * STB, terminal_reuse=0.5, drop_stuck=True)
+        core, mgr, clock = build(dram=8 * KVB + 2 * STB, terminal_reuse=0.5, drop_stuck=True,
+                                 states_lead=False)
         a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")
         store(mgr, a, 8, [4, 8])  # history at 4 blocks, terminal at 8: all in DRAM only
         mid = state_key(a, 4)
@@ -393,7 +395,7 @@ def test_drop_stuck_deletes_a_historical_checkpoint_that_cannot_move_down():
 
 
 def test_states_lead_moves_a_historical_checkpoint_before_its_kv():
-    """With states_lead (simulator option), DRAM pressure moves a historical checkpoint held
+    """With states_lead (the default), DRAM pressure moves a historical checkpoint held
     in DRAM alone to SSD first, though no KV chunk before it is there: its KV stays in DRAM,
     and the checkpoint still restores from SSD with that KV."""
     core, mgr, clock = build(dram=8 * KVB + 2 * STB, terminal_reuse=0.5, states_lead=True)
