@@ -480,6 +480,8 @@ class Orchestrator:
         return out, []
 
     def _write(self, key: bytes, entry: Entry) -> SSDWrite:
+        # Checked here, not taken from the caller's check: the SSD admission between them
+        # may have dropped a KV backup this state's manifest would name.
         ahead = entry.is_state and not all(self._on_or_to_ssd(k) for k in entry.refs)
         if ahead:
             self.stats["states_ahead"] += 1

@@ -75,7 +75,8 @@ class PublishMixin:
     quarantine_keep: int
     _digest: str
     _lock: threading.Lock
-    _ahead: dict[bytes, Expect]  # states written ahead of their chunks -> what was written
+    # States written ahead of their chunks: key -> (state file, what was written).
+    _ahead: dict[bytes, tuple[str, Expect]]
     # Directory -> renames into it by this process; and the count its last fsync covered.
     _dir_gen: dict[str, int]
     _dir_synced: dict[str, int]
@@ -250,9 +251,9 @@ class PublishMixin:
             raise self._fail(classify(e, "write state ahead")) from e
         with self._lock:
             old = self._ahead.get(key)
-            self._ahead[key] = Expect(len(mv), csum, int(self.algo), state_file)
-        if old is not None and old.state_file != state_file:
-            remove_quietly(self.layout.state_path(key, old.state_file))
+            self._ahead[key] = (state_file, Expect(len(mv), csum, int(self.algo)))
+        if old is not None and old[0] != state_file:
+            remove_quietly(self.layout.state_path(key, old[0]))
         self._ok()
         return size
 
@@ -348,6 +349,6 @@ class PublishMixin:
         with self._lock:
             ahead = self._ahead.pop(key, None)
         if ahead is not None:  # published now: the copy written ahead is not read again
-            remove_quietly(layout.state_path(key, ahead.state_file))
+            remove_quietly(layout.state_path(key, ahead[0]))
         self._ok()
         return size

@@ -32,13 +32,12 @@ class BadEntry(Exception):
 class Expect:
     """What a manifest recorded about a payload; the file must agree."""
 
-    __slots__ = ("algo", "checksum", "nbytes", "state_file")
+    __slots__ = ("algo", "checksum", "nbytes")
 
-    def __init__(self, nbytes: int, checksum: int, algo: int, state_file: str = "") -> None:
+    def __init__(self, nbytes: int, checksum: int, algo: int) -> None:
         self.nbytes = nbytes
         self.checksum = checksum
         self.algo = algo
-        self.state_file = state_file  # a state written ahead: its file name
 
 
 def out_view(out, nbytes: int | None = None) -> memoryview:

@@ -57,7 +57,7 @@ class RestoreMixin:
     quarantine_keep: int
     _digest: str
     _lock: threading.Lock
-    _ahead: dict[bytes, Expect]
+    _ahead: dict[bytes, tuple[str, Expect]]
     _direct_reads: bool = True  # O_DIRECT restores until the file system refuses one
 
     def read_chunk(self, key: bytes, out) -> int:
@@ -185,12 +185,13 @@ class RestoreMixin:
                 raise self._fail(classify(e, "read checkpoint")) from e
         raise AssertionError("unreachable")
 
-    def _read_ahead(self, key: bytes, ahead: Expect, out) -> int:
+    def _read_ahead(self, key: bytes, ahead: tuple[str, Expect], out) -> int:
         """A state written ahead of its chunks (`write_state_ahead`), verified against the
         size and checksum written; a bad or missing one is forgotten and its file removed."""
-        path = self.layout.state_path(key, ahead.state_file)
+        state_file, expect = ahead
+        path = self.layout.state_path(key, state_file)
         try:
-            return self._read_payload(path, key, Kind.STATE, out, ahead)
+            return self._read_payload(path, key, Kind.STATE, out, expect)
         except (FileNotFoundError, BadEntry) as e:
             reason = "state file missing" if isinstance(e, FileNotFoundError) else str(e)
         except OSError as e:

@@ -139,10 +139,10 @@ def _gpu_hits(llm) -> int:
                    if m.name == "vllm:prefix_cache_hits" and hasattr(m, "value")))
 
 
-def _restored(name: str = "restored_tokens") -> dict[str, int]:
-    """Tokens the connector has restored so far, per tier (its restored_tokens counter, in
-    this process's Prometheus registry; vLLM's get_metrics lists only its own); or another
-    of its counters, by label "tier" ("" without)."""
+def _counter(name: str = "restored_tokens") -> dict[str, int]:
+    """One of the connector's counters so far, by label "tier" ("" without): by default the
+    tokens it has restored, per tier (this process's Prometheus registry; vLLM's
+    get_metrics lists only its own)."""
     from prometheus_client import REGISTRY
 
     from histate_vllm.vllm_glue.prom_metrics import PREFIX
@@ -267,16 +267,16 @@ def main(spec_path: str, out_path: str) -> None:
         sps = [SamplingParams(max_tokens=r.get("max_tokens", 4), temperature=0,
                               logprobs=spec.get("logprobs", TOP_LOGPROBS))
                for r in batch]
-        gpu_before, restored_before = _gpu_hits(llm), _restored()
-        ahead_before = _restored("ssd_states_ahead_read").get("", 0)
+        gpu_before, restored_before = _gpu_hits(llm), _counter()
+        ahead_before = _counter("ssd_states_ahead_read").get("", 0)
         t0 = time.perf_counter()
         outs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt"]) for r in batch], sps,
                             use_tqdm=False)
         wall = time.perf_counter() - t0
         gpu_hits = _gpu_hits(llm) - gpu_before
-        restored = {t: n - restored_before.get(t, 0) for t, n in _restored().items()
+        restored = {t: n - restored_before.get(t, 0) for t, n in _counter().items()
                     if n > restored_before.get(t, 0)}
-        ahead = _restored("ssd_states_ahead_read").get("", 0) - ahead_before
+        ahead = _counter("ssd_states_ahead_read").get("", 0) - ahead_before
         for r, out in zip(batch, outs):
             completion = out.outputs[0]
             metrics = out.metrics

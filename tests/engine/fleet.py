@@ -34,10 +34,10 @@ def engine(model: str, work: Path, name: str, ssd: Path, endpoint: str | None,
             "--served-model-name", "tiny", *extra]
     if endpoint:
         args += events_args(endpoint)
+    sizes = {} if ssd_bytes is None else {"ssd_bytes": ssd_bytes}
     with local_server(model, work / f"{name}.log", args=args,
-                      connector=histate_connector(str(ssd), **(
-                          {} if ssd_bytes is None else {"ssd_bytes": ssd_bytes})), startup_timeout=STARTUP_TIMEOUT,
-                      cwd=str(work)) as url:
+                      connector=histate_connector(str(ssd), **sizes),
+                      startup_timeout=STARTUP_TIMEOUT, cwd=str(work)) as url:
         yield url
 
 

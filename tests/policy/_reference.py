@@ -5,8 +5,8 @@ touch order) and re-derives liveness, units, costs, scores and placement ranks w
 the incremental machinery, then evicts one candidate at a time exactly as the contract says:
 stage 1 (copies the other tier also holds: from DRAM what SSD backs, and when spilling KV
 chunks held in DRAM only, and historical checkpoints held in DRAM only (with `states_lead`
-any; without, only those whose KV path is all on SSD), which move to SSD; from SSD the backups of KV chunks and terminal
-checkpoints DRAM holds; placement rank, then least recently touched),
+any; without, only those whose KV path is all on SSD), which move to SSD; from SSD the
+backups of KV chunks and terminal checkpoints DRAM holds; placement rank, then least recently touched),
 then stage 2 (the unit with the lowest H = t_last + tau*C/M, ties by node id): deleted in
 every tier, or with `spill` (DRAM pressure, an SSD tier) its DRAM copies move to SSD.
 """
