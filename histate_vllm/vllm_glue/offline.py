@@ -57,7 +57,8 @@ def _engine_rss() -> dict[str, int]:
 
 def engine_threads() -> list[dict]:
     """Every thread of every process below this one: its OS name, the CPUs it may run on
-    and its niceness (what tells whether HiState's threads stay off the forward pass)."""
+    its niceness and the CPU seconds it used (what tells whether HiState's threads stay off
+    the forward pass, and what they cost)."""
     import psutil
 
     out = []
@@ -68,9 +69,11 @@ def engine_threads() -> list[dict]:
                 with open(f"{base}/comm") as f:
                     comm = f.read().strip()
                 with open(f"{base}/stat") as f:
-                    nice = int(f.read().rsplit(")", 1)[1].split()[16])
-                out.append(dict(pid=p.pid, tid=int(t), name=comm, nice=nice,
-                                cpus=sorted(os.sched_getaffinity(int(t)))))
+                    fields = f.read().rsplit(")", 1)[1].split()
+                # utime + stime (fields 14 and 15 of proc(5)), in clock ticks
+                cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                out.append(dict(pid=p.pid, tid=int(t), name=comm, nice=int(fields[16]),
+                                cpus=sorted(os.sched_getaffinity(int(t))), cpu_s=cpu_s))
         except (OSError, psutil.Error):
             continue  # the thread or process ended meanwhile
     return out
