@@ -35,6 +35,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -227,6 +228,9 @@ def main() -> None:
 
     model = str(build(work / "tiny-qwen3-next"))
     store = work / "ssd"
+    # Both servers start cold: a store left by an earlier run in the same --dir would hand
+    # HiState those sessions' prefixes (the same bundled traces) before the first request.
+    shutil.rmtree(store, ignore_errors=True)
     connector = {"kv_connector": "HiStateConnector",
                  "kv_connector_module_path": "histate_vllm.connector", "kv_role": "kv_both",
                  "kv_connector_extra_config": {"dram_bytes": args.dram_mib * MiB,
