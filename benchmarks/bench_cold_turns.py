@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "examples"))
 from histate_vllm.vllm_glue.offline import run_engine  # noqa: E402
 
 MiB = 1 << 20
-BATCH_TOKENS = 2048  # the offline harness's max_num_batched_tokens
+BATCH_TOKENS = 2048  # max_num_batched_tokens of every engine here
 
 
 def _variants(args, work: Path, block: int) -> dict[str, dict | None]:
@@ -54,13 +54,15 @@ def _variants(args, work: Path, block: int) -> dict[str, dict | None]:
     }
 
 
-def _run(model: str, work: Path, name: str, connector: dict | None, args, block: int | None):
+def _run(model: str, work: Path, name: str, connector: dict | None, args, block: int | None,
+         prompts: int):
     for d in ("/dev/shm/histate-bench-cold", str(work / "ssd")):
         shutil.rmtree(d, ignore_errors=True)  # every engine starts on an empty store
     rng = random.Random(11)
     requests = [dict(name=f"P{i}", prompt=[rng.randrange(2, 2000) for _ in range(args.tokens)],
-                     max_tokens=8) for i in range(args.prompts)]
+                     max_tokens=8) for i in range(prompts)]
     spec = dict(model=model, num_gpu_blocks=64, dense_states=True, connector=connector,
+                max_num_batched_tokens=BATCH_TOKENS,
                 warmup=args.tokens, block_size=block, ssm_dtype=args.ssm_dtype,
                 requests=requests)
     code, out, log = run_engine(spec, str(work / f"{name}.json"),
@@ -88,13 +90,12 @@ def main() -> None:
     from build_tiny_model import build
 
     model = str(build(work / "tiny-qwen3-next"))
-    _, _, block = _run(model, work, "probe", None, argparse.Namespace(**{**vars(args),
-                                                                        "prompts": 1}), None)
+    _, _, block = _run(model, work, "probe", None, args, None, prompts=1)  # its block size
     rows: dict[str, list[tuple[float, float, float]]] = {}
     for rnd in range(args.rounds):
         base = None
         for name, connector in _variants(args, work, block).items():
-            ttft, cpu, _ = _run(model, work, name, connector, args, block)
+            ttft, cpu, _ = _run(model, work, name, connector, args, block, args.prompts)
             base = ttft if name == "vllm" else base
             rows.setdefault(name, []).append((ttft, ttft / base, cpu))
             print(f"round {rnd + 1}: {name:<11} median TTFT {ttft:.3f} s, {ttft / base:.2f}x "
