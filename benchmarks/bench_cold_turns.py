@@ -12,10 +12,11 @@ fresh prompts of the demo's size run through engines that differ in one thing at
               max_num_batched_tokens rounded down to blocks): no chunk end beyond vLLM's
 
 Engines run one after another, all variants once per round; each prints the median time to
-first token over its prompts, its ratio to the same round's vLLM alone, and the CPU seconds
-HiState's own threads used (the writer, I/O and publish threads: they share the core vLLM
-leaves to the engine core). The machine should be quiet; on a shared one, compare within a
-round.
+first token over its prompts, its ratio to the same round's vLLM alone, and per prompt the
+CPU time of the worker's, the engine core's and HiState's own threads (writer, I/O,
+publish), of it in the kernel, the time each group spent runnable but waiting for a core
+(schedstat) and its page faults: what tells whether HiState's work takes the forward pass's core or only the spare one. The
+machine should be quiet; on a shared one, compare within a round.
 
     python benchmarks/bench_cold_turns.py [--tokens 3000] [--prompts 30] [--rounds 2]
 """
@@ -72,8 +73,27 @@ def _run(model: str, work: Path, name: str, connector: dict | None, args, block:
     for r in out["results"]:
         assert r["num_cached_tokens"] == 0, (name, r["name"], r["num_cached_tokens"])
     ttft = statistics.median(r["ttft"] for r in out["results"])
-    cpu = sum(t.get("cpu_s", 0.0) for t in out["threads"] if t["name"].startswith("histate"))
-    return ttft, cpu, out["engine"]["block_size"]
+    return ttft, _thread_costs(out, prompts), out["engine"]["block_size"]
+
+
+def _thread_costs(out: dict, prompts: int) -> dict[str, tuple[float, float, float, float]]:
+    """Per timed prompt: ms of CPU, of it in the kernel, ms runnable but waiting for a
+    core, and minor page faults, summed over the worker's, the engine core's and HiState's threads (the
+    difference between the harness's snapshots after warm-up and at the end)."""
+    start = {t["tid"]: t for t in out["threads_start"]}
+    costs: dict[str, list[float]] = {}
+    for t in out["threads"]:
+        group = ("histate" if t["name"].startswith("histate") else
+                 "worker" if t["name"] == "VLLM::Worker" else
+                 "engine core" if t["name"] == "VLLM::EngineCor" else None)
+        if group is None:
+            continue
+        s = start.get(t["tid"], dict(cpu_s=0.0, sys_s=0.0, runq_wait_s=0.0, minflt=0))
+        acc = costs.setdefault(group, [0.0, 0.0, 0.0, 0.0])
+        for i, k in enumerate(("cpu_s", "sys_s", "runq_wait_s")):
+            acc[i] += (t[k] - s[k]) * 1e3 / prompts
+        acc[3] += (t.get("minflt", 0) - s.get("minflt", 0)) / prompts
+    return {g: tuple(v) for g, v in costs.items()}
 
 
 def main() -> None:
@@ -84,7 +104,13 @@ def main() -> None:
     ap.add_argument("--dram-mib", type=int, default=16, help="the demo's DRAM pool")
     ap.add_argument("--ssm-dtype", choices=["float32", "bfloat16"])
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    ap.add_argument("--engines", help="comma-separated subset of the engines above "
+                    "(vllm always runs: it is the ratios' baseline)")
     args = ap.parse_args()
+    known = set(_variants(args, Path("."), 1))
+    if args.engines and set(args.engines.split(",")) - known:
+        ap.error(f"--engines: unknown {sorted(set(args.engines.split(',')) - known)}; "
+                 f"known: {', '.join(sorted(known))}")
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-cold-"))
     work.mkdir(parents=True, exist_ok=True)
     from build_tiny_model import build
@@ -95,21 +121,28 @@ def main() -> None:
     for rnd in range(args.rounds):
         base = None
         for name, connector in _variants(args, work, block).items():
-            ttft, cpu, _ = _run(model, work, name, connector, args, block, args.prompts)
+            if args.engines and name != "vllm" and name not in args.engines.split(","):
+                continue
+            ttft, costs, _ = _run(model, work, name, connector, args, block, args.prompts)
             base = ttft if name == "vllm" else base
-            rows.setdefault(name, []).append((ttft, ttft / base, cpu))
+            rows.setdefault(name, []).append((ttft, ttft / base, costs))
+            per = "; ".join(f"{g} {c:.1f}/{k:.1f}/{w:.1f} ({f:.0f} page faults)"
+                            for g, (c, k, w, f) in costs.items())
             print(f"round {rnd + 1}: {name:<11} median TTFT {ttft:.3f} s, {ttft / base:.2f}x "
-                  f"vLLM alone, HiState threads {cpu:.2f} CPU s", flush=True)
+                  f"vLLM alone; ms per prompt (CPU/kernel/waiting for a core): {per}",
+                  flush=True)
     print(f"\n{args.prompts} fresh {args.tokens:,}-token prompts per engine, {block}-token "
           f"blocks, {args.rounds} rounds, {os.cpu_count()} CPUs; DRAM {args.dram_mib} MiB "
           f"where small")
-    print("| engine | median TTFT s, per round | vs vLLM alone, per round | HiState threads "
-          "CPU s |")
-    print("|---|---|---|---|")
+    groups = ("worker", "engine core", "histate")
+    print("| engine | median TTFT s, per round | vs vLLM alone, per round | "
+          + " | ".join(f"{g} ms CPU / waiting, per prompt" for g in groups) + " |")
+    print("|---|---|---|" + "---|" * len(groups))
     for name, rs in rows.items():
+        cells = [" / ".join(f"{c[g][0]:.1f}/{c[g][2]:.1f}" if g in c else "-"
+                            for _, _, c in rs) for g in groups]
         print(f"| {name} | {' / '.join(f'{t:.3f}' for t, _, _ in rs)} | "
-              f"{' / '.join(f'{x:.2f}' for _, x, _ in rs)} | "
-              f"{' / '.join(f'{c:.2f}' for _, _, c in rs)} |")
+              f"{' / '.join(f'{x:.2f}' for _, x, _ in rs)} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -56,9 +56,10 @@ def _engine_rss() -> dict[str, int]:
 
 
 def engine_threads() -> list[dict]:
-    """Every thread of every process below this one: its OS name, the CPUs it may run on
-    its niceness and the CPU seconds it used (what tells whether HiState's threads stay off
-    the forward pass, and what they cost)."""
+    """Every thread of every process below this one: its OS name, the CPUs it may run on,
+    its niceness, the CPU seconds it used (of them in the kernel), the seconds it was
+    runnable but waited for a core, and its minor page faults: what tells whether HiState's
+    threads stay off the forward pass, and what they cost it."""
     import psutil
 
     out = []
@@ -71,9 +72,20 @@ def engine_threads() -> list[dict]:
                 with open(f"{base}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
                 # utime + stime (fields 14 and 15 of proc(5)), in clock ticks
-                cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                tick = os.sysconf("SC_CLK_TCK")
+                cpu_s = (int(fields[11]) + int(fields[12])) / tick
+                # schedstat: ns on a CPU, ns runnable but waiting for one (what another
+                # thread on the same core costs this one), timeslices; absent on kernels
+                # built without it
+                try:
+                    with open(f"{base}/schedstat") as f:
+                        waited = int(f.read().split()[1])
+                except (OSError, IndexError, ValueError):
+                    waited = 0
                 out.append(dict(pid=p.pid, tid=int(t), name=comm, nice=int(fields[16]),
-                                cpus=sorted(os.sched_getaffinity(int(t))), cpu_s=cpu_s))
+                                cpus=sorted(os.sched_getaffinity(int(t))), cpu_s=cpu_s,
+                                sys_s=int(fields[12]) / tick, runq_wait_s=waited / 1e9,
+                                minflt=int(fields[7])))  # field 10: minor page faults
         except (OSError, psutil.Error):
             continue  # the thread or process ended meanwhile
     return out
@@ -262,6 +274,7 @@ def main(spec_path: str, out_path: str) -> None:
             warm = [rng.randrange(2, 2000) for _ in range(spec["warmup"])]
             llm.generate([TokensPrompt(prompt_token_ids=warm)],
                          SamplingParams(max_tokens=2, temperature=0, logprobs=1), use_tqdm=False)
+    threads_start = engine_threads()  # after warm-up: the timed requests' CPU is the difference
     results = []
     for req in expand_requests(spec["requests"], layout, spec.get("prompt_block_size")):
         # A batch: its requests go to the engine together (they queue, and a restore can
@@ -318,7 +331,8 @@ def main(spec_path: str, out_path: str) -> None:
     rss = _engine_rss()
     threads = engine_threads()
     with open(out_path, "w") as f:
-        json.dump(dict(engine=layout, results=results, rss=rss, threads=threads), f)
+        json.dump(dict(engine=layout, results=results, rss=rss, threads=threads,
+                       threads_start=threads_start), f)
     del llm
 
 
