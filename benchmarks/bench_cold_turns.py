@@ -15,8 +15,9 @@ Engines run one after another, all variants once per round; each prints the medi
 first token over its prompts, its ratio to the same round's vLLM alone, and per prompt the
 CPU time of the worker's, the engine core's and HiState's own threads (writer, I/O,
 publish), of it in the kernel, the time each group spent runnable but waiting for a core
-(schedstat) and its page faults: what tells whether HiState's work takes the forward pass's core or only the spare one. The
-machine should be quiet; on a shared one, compare within a round.
+(schedstat) and its page faults: what tells whether HiState's work takes the forward
+pass's core or only the spare one. The machine should be quiet; on a shared one, compare
+within a round.
 
     python benchmarks/bench_cold_turns.py [--tokens 3000] [--prompts 30] [--rounds 2]
 """
@@ -78,8 +79,8 @@ def _run(model: str, work: Path, name: str, connector: dict | None, args, block:
 
 def _thread_costs(out: dict, prompts: int) -> dict[str, tuple[float, float, float, float]]:
     """Per timed prompt: ms of CPU, of it in the kernel, ms runnable but waiting for a
-    core, and minor page faults, summed over the worker's, the engine core's and HiState's threads (the
-    difference between the harness's snapshots after warm-up and at the end)."""
+    core, and minor page faults, summed over the worker's, the engine core's and HiState's
+    threads (the difference between the harness's snapshots after warm-up and at the end)."""
     start = {t["tid"]: t for t in out["threads_start"]}
     costs: dict[str, list[float]] = {}
     for t in out["threads"]:
