@@ -242,5 +242,7 @@ def report(prep: Prepared, policies: list[str], refs: list[str],
             "sensitive": mask.tolist() if mask is not None else None,
             "ttft": {n: np.round(r.ttft, 4).tolist() for n, r in results.items()},
             "hit": {n: r.hit.tolist() for n, r in results.items()},
+            # What each request's restore read from SSD: which requests pay for that tier.
+            "ssd_mb": {n: np.round(r.ssd_bytes / 1e6, 3).tolist() for n, r in results.items()},
         }
     return out

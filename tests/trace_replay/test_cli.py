@@ -38,6 +38,8 @@ def test_simulate_writes_the_required_fields(report):
     assert rep["unlimited"]["hit_rate"] >= rep["histate"]["hit_rate"]
     assert rep["references"] == ["vllm-disk"]  # run to define the reuse-sensitive set
     assert rep["workload"]["requests"] == len(rep["per_request"]["input_tokens"])
+    for name in rep["policies"]:  # per request, what its restore read from SSD
+        assert len(rep["per_request"]["ssd_mb"][name]) == rep["workload"]["requests"]
 
 
 def test_plot_draws_from_the_report(report, tmp_path):
