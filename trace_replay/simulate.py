@@ -244,5 +244,8 @@ def report(prep: Prepared, policies: list[str], refs: list[str],
             "hit": {n: r.hit.tolist() for n, r in results.items()},
             # What each request's restore read from SSD: which requests pay for that tier.
             "ssd_mb": {n: np.round(r.ssd_bytes / 1e6, 3).tolist() for n, r in results.items()},
+            # When each request arrived in each run (closed loop: it follows its turn's
+            # predecessor), so a report can tell how long a session was idle before it.
+            "arrival": {n: np.round(r.arrival, 4).tolist() for n, r in results.items()},
         }
     return out

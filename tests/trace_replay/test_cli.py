@@ -40,6 +40,7 @@ def test_simulate_writes_the_required_fields(report):
     assert rep["workload"]["requests"] == len(rep["per_request"]["input_tokens"])
     for name in rep["policies"]:  # per request, what its restore read from SSD
         assert len(rep["per_request"]["ssd_mb"][name]) == rep["workload"]["requests"]
+        assert len(rep["per_request"]["arrival"][name]) == rep["workload"]["requests"]
 
 
 def test_plot_draws_from_the_report(report, tmp_path):
