@@ -77,6 +77,10 @@ def _run(model: str, work: Path, name: str, connector: dict | None, args, block:
     return ttft, _thread_costs(out, prompts), out["engine"]["block_size"]
 
 
+# What `_thread_costs` sums, and the factor to its unit (ms, ms, ms, faults).
+_COSTS = (("cpu_s", 1e3), ("sys_s", 1e3), ("runq_wait_s", 1e3), ("minflt", 1))
+
+
 def _thread_costs(out: dict, prompts: int) -> dict[str, tuple[float, float, float, float]]:
     """Per timed prompt: ms of CPU, of it in the kernel, ms runnable but waiting for a
     core, and minor page faults, summed over the worker's, the engine core's and HiState's
@@ -89,11 +93,10 @@ def _thread_costs(out: dict, prompts: int) -> dict[str, tuple[float, float, floa
                  "engine core" if t["name"] == "VLLM::EngineCor" else None)
         if group is None:
             continue
-        s = start.get(t["tid"], dict(cpu_s=0.0, sys_s=0.0, runq_wait_s=0.0, minflt=0))
+        s = start.get(t["tid"])  # None: the thread started after the warm-up
         acc = costs.setdefault(group, [0.0, 0.0, 0.0, 0.0])
-        for i, k in enumerate(("cpu_s", "sys_s", "runq_wait_s")):
-            acc[i] += (t[k] - s[k]) * 1e3 / prompts
-        acc[3] += (t.get("minflt", 0) - s.get("minflt", 0)) / prompts
+        for i, (k, scale) in enumerate(_COSTS):
+            acc[i] += (t[k] - (s[k] if s else 0)) * scale / prompts
     return {g: tuple(v) for g, v in costs.items()}
 
 
@@ -109,8 +112,9 @@ def main() -> None:
                     "(vllm always runs: it is the ratios' baseline)")
     args = ap.parse_args()
     known = set(_variants(args, Path("."), 1))
-    if args.engines and set(args.engines.split(",")) - known:
-        ap.error(f"--engines: unknown {sorted(set(args.engines.split(',')) - known)}; "
+    chosen = set(args.engines.split(",")) if args.engines else known
+    if chosen - known:
+        ap.error(f"--engines: unknown {sorted(chosen - known)}; "
                  f"known: {', '.join(sorted(known))}")
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-cold-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -118,11 +122,11 @@ def main() -> None:
 
     model = str(build(work / "tiny-qwen3-next"))
     _, _, block = _run(model, work, "probe", None, args, None, prompts=1)  # its block size
-    rows: dict[str, list[tuple[float, float, float]]] = {}
+    rows: dict[str, list[tuple[float, float, dict]]] = {}
     for rnd in range(args.rounds):
         base = None
         for name, connector in _variants(args, work, block).items():
-            if args.engines and name != "vllm" and name not in args.engines.split(","):
+            if name != "vllm" and name not in chosen:
                 continue
             ttft, costs, _ = _run(model, work, name, connector, args, block, args.prompts)
             base = ttft if name == "vllm" else base

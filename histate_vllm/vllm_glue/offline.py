@@ -63,6 +63,7 @@ def engine_threads() -> list[dict]:
     import psutil
 
     out = []
+    tick = os.sysconf("SC_CLK_TCK")
     for p in psutil.Process().children(recursive=True):
         try:
             for t in os.listdir(f"/proc/{p.pid}/task"):
@@ -72,7 +73,6 @@ def engine_threads() -> list[dict]:
                 with open(f"{base}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
                 # utime + stime (fields 14 and 15 of proc(5)), in clock ticks
-                tick = os.sysconf("SC_CLK_TCK")
                 cpu_s = (int(fields[11]) + int(fields[12])) / tick
                 # schedstat: ns on a CPU, ns runnable but waiting for one (what another
                 # thread on the same core costs this one), timeslices; absent on kernels

@@ -38,7 +38,7 @@ def test_simulate_writes_the_required_fields(report):
     assert rep["unlimited"]["hit_rate"] >= rep["histate"]["hit_rate"]
     assert rep["references"] == ["vllm-disk"]  # run to define the reuse-sensitive set
     assert rep["workload"]["requests"] == len(rep["per_request"]["input_tokens"])
-    for name in rep["policies"]:  # per request, what its restore read from SSD
+    for name in rep["policies"]:  # per request: what its restore read from SSD, its arrival
         assert len(rep["per_request"]["ssd_mb"][name]) == rep["workload"]["requests"]
         assert len(rep["per_request"]["arrival"][name]) == rep["workload"]["requests"]
 
