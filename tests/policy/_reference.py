@@ -6,7 +6,8 @@ the incremental machinery, then evicts one candidate at a time exactly as the co
 stage 1 (copies the other tier also holds: from DRAM what SSD backs, and when spilling KV
 chunks held in DRAM only, and historical checkpoints held in DRAM only (with `states_lead`
 any; without, only those whose KV path is all on SSD), which move to SSD; from SSD the
-backups of KV chunks and terminal checkpoints DRAM holds; placement rank, then least recently touched),
+backups of KV chunks and terminal checkpoints DRAM holds; placement rank (DRAM: historical
+checkpoints, then terminal ones and KV chunks alike), then least recently touched),
 then stage 2 (the unit with the lowest H = t_last + tau*C/M, ties by node id): deleted in
 every tier, or with `spill` (DRAM pressure, an SSD tier) its DRAM copies move to SSD.
 """
@@ -117,7 +118,7 @@ def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
                     # states_lead, one whose every KV chunk before it is on SSD), moves down
                     continue
                 if tier == Tier.DRAM:
-                    rank = (1 if is_leaf(n) else 0) if e.kind == Kind.STATE else 2
+                    rank = (2 if is_leaf(n) else 0) if e.kind == Kind.STATE else 2
                 elif e.kind == Kind.KV:
                     rank = 0
                 elif is_leaf(n):

@@ -180,6 +180,30 @@ def test_demote_before_delete():
     mgr.check()
 
 
+def test_a_terminal_checkpoint_leaves_dram_in_recency_order_with_the_kv():
+    """A session's next turn reads its terminal checkpoint with its KV: under DRAM pressure
+    the least recently touched copies give way first, KV chunk or terminal checkpoint.
+    Issue 21: ranked below every KV chunk, the terminal checkpoints of sessions idle for
+    seconds went to SSD while KV untouched for minutes stayed in DRAM."""
+    core, mgr, clock = build()
+    a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")
+    mgr.admit([kv_item(a, i, BT, KVB) for i in range(8)], Tier.DRAM)  # KV nobody resumes
+    mgr.commit(Tier.DRAM)
+    clock.advance(100)
+    store(mgr, b, 8, [8])
+    mgr.copy_down()
+    clock.advance(100)
+    core.hit(list(core.restorable(b).kv_keys) + [state_key(b, 8)])  # b's next turn
+    ev = core.set_budget(Tier.DRAM, core.usage(Tier.DRAM) - STB)
+    mgr.drop(ev)
+    gone = {k for k, _ in ev}
+    assert gone and gone <= {make_key(h, 0) for h in a}  # a's KV, untouched since
+    assert core.where(state_key(b, 8)) == {Tier.DRAM, Tier.SSD}
+    assert core.restorable(b).position == 8 * BT
+    mgr.check()
+    core.check_invariants()
+
+
 def test_pinned_keys_are_never_evicted():
     core, mgr, clock = build()
     h = chain(range(8))
