@@ -81,7 +81,8 @@ class PolicyCore(ABC):
     @abstractmethod
     def hit(self, keys: Iterable[bytes], copies: bool = True) -> None:
         """A restore used these keys (KV chunks and the checkpoint): refresh recency.
-        copies=False: the GPU served them; the copies in DRAM and SSD were not read."""
+        copies=False: the GPU served them (HiState: its copies still become the most recent,
+        but its reuse interval learns nothing; LRU: nothing changes, as in vLLM)."""
 
     @abstractmethod
     def remove(self, key: bytes, tier: Tier, reason: str) -> None:

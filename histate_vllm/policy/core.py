@@ -260,10 +260,12 @@ class HiStatePolicy(Residency, PolicyCore):
         now; the hit keys become most recently touched (stage-1 order); the terminal-reuse
         EMA q learns whether the hit landed on a leaf (terminal) checkpoint.
 
-        copies=False (a hit the GPU served): the same, except that the DRAM and SSD copies
-        keep their stage-1 order and tau learns nothing. The GPU holds those pages; making
-        their DRAM copies the most recent would keep data twice and push out what only DRAM
-        holds."""
+        copies=False (a hit the GPU served): the same, except that tau learns nothing (GPU
+        hits come turns apart, not one reuse interval). The copies still become the most
+        recent: they are what the session reads once the GPU has let its pages go. Left in
+        their old order, a long session served by the GPU turn after turn had its DRAM copies
+        moved to SSD as the oldest, and read its whole prefix from SSD when the GPU evicted
+        it (issue 21: SSD reads 181 -> 88 GB over ten paper-like Weka orders)."""
         now = self.clock()
         deepest: Node | None = None
         deepest_state: Node | None = None
@@ -274,10 +276,9 @@ class HiStatePolicy(Residency, PolicyCore):
             e = entries.get(k)
             if e is None:
                 continue
-            if copies:
-                e.touch = tick
-                if e.resident & _DRAM:  # DRAM copies have a stage-1 (LRU) entry to refresh
-                    edirty[e] = None
+            e.touch = tick
+            if e.resident & _DRAM:  # DRAM copies have a stage-1 (LRU) entry to refresh
+                edirty[e] = None
             n = e.node
             if e.kind is _STATE:
                 if deepest_state is None or n.position > deepest_state.position:

@@ -115,28 +115,30 @@ def test_a_gpu_prefix_hit_refreshes_the_policys_checkpoints():
     assert _gpu_hit_protects(gpu_hit=False) == (0, 4 * BT)
 
 
-def _dram_after_pressure(restored_from_dram: bool) -> tuple[bool, bool]:
+def _dram_after_pressure(hit: str) -> tuple[bool, bool]:
     orch, policy, clock, _ = build(slots=10, ssd_keys=64)
     a, b, c = hashes(4, b"a"), hashes(4, b"b"), hashes(4, b"c")
     store(orch, "a", a, {4})  # DRAM copies, backed on SSD
     clock.t = 10.0
     store(orch, "b", b, {4})
     clock.t = 20.0
-    if restored_from_dram:
+    if hit == "dram":
         orch.prepare_load([make_key(h, 0) for h in a] + [make_key(a[-1], 1)])
         orch.complete_load([make_key(h, 0) for h in a] + [make_key(a[-1], 1)])
-    else:
+    elif hit == "gpu":
         orch.note_hit("a2", 4 * BT, lambda: a)
     clock.t = 30.0
     store(orch, "c", c, {4})  # DRAM is full: backed copies give way, least recent first
     return orch.in_dram(make_key(a[0], 0)), orch.in_dram(make_key(b[0], 0))
 
 
-def test_a_gpu_hit_leaves_the_dram_copies_order_alone():
-    # The GPU holds A: its DRAM copies stay the least recent and give way first.
-    assert _dram_after_pressure(restored_from_dram=False) == (False, True)
-    # Control: a restore that read A from DRAM makes A's copies the most recent.
-    assert _dram_after_pressure(restored_from_dram=True) == (True, False)
+def test_a_gpu_hit_makes_the_dram_copies_the_most_recent():
+    # The GPU served A: its DRAM copies are what A's next turn reads once the GPU lets its
+    # pages go, so B's (older) give way first, as after a restore that read A from DRAM.
+    assert _dram_after_pressure("gpu") == (True, False)
+    assert _dram_after_pressure("dram") == (True, False)
+    # Control: without a hit A's copies are the least recent and give way first.
+    assert _dram_after_pressure("none") == (False, True)
 
 
 def test_dram_only_entries_never_go_to_ssd():
