@@ -8,6 +8,7 @@ fresh prompts of the demo's size run through engines that differ in one thing at
   dram-small  HiState, --dram-mib of DRAM: every prompt evicts an older one
   shm         the same plus an SSD store on tmpfs (/dev/shm): the store's CPU, no disk
   ssd         the same with the store on disk (--dir): as users run it
+  ssd-nosync  `ssd` without fsync (`ssd_fsync: false`): what the disk's sync work costs
   ssd-coarse  `ssd` with one checkpoint interval per prefill chunk (`interval` =
               max_num_batched_tokens rounded down to blocks): no chunk end beyond vLLM's
 
@@ -51,6 +52,8 @@ def _variants(args, work: Path, block: int) -> dict[str, dict | None]:
         "dram-small": small,
         "shm": dict(small, ssd_dir="/dev/shm/histate-bench-cold/ssd", ssd_bytes=1024 * MiB),
         "ssd": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB),
+        "ssd-nosync": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB,
+                           ssd_fsync=False),
         "ssd-coarse": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB,
                            interval=BATCH_TOKENS // block * block),
     }

@@ -49,6 +49,11 @@ class HiStateConfig:
     ssd_mirror: bool = False
     # Most bytes of SSD writes queued in the background before new ones are dropped.
     ssd_queue_bytes: int = 256 << 20
+    # True: every SSD entry is fsynced before its manifest publishes it, so a power loss
+    # keeps every published entry. False: a process crash still loses nothing published,
+    # a power loss may (the next start's checksums catch what it tore); the disk's work
+    # then runs in the kernel's own time (benchmarks/results_load.md, issue 26).
+    ssd_fsync: bool = True
     # An SSD restore not done after this many seconds is abandoned and recomputed.
     ssd_read_timeout_s: float = 60.0
     # Seconds between INFO summary lines (none while idle); 0 turns them off.
@@ -85,6 +90,7 @@ class HiStateConfig:
                 if "ssd_queue_bytes" in extra
                 else cls.ssd_queue_bytes
             ),
+            ssd_fsync=_flag(extra, "ssd_fsync", cls.ssd_fsync),
             ssd_read_timeout_s=_positive_seconds(extra, "ssd_read_timeout_s",
                                                  cls.ssd_read_timeout_s),
             summary_interval=_seconds(extra, "summary_interval", cls.summary_interval),

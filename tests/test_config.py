@@ -17,6 +17,8 @@ def test_minimal_and_full():
         1 << 20, 10 << 20, "lru", 512)
     assert not cfg.ssd_mirror
     assert HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_mirror": True}).ssd_mirror
+    assert cfg.ssd_fsync
+    assert not HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_fsync": False}).ssd_fsync
 
 
 @pytest.mark.parametrize(
@@ -34,6 +36,7 @@ def test_minimal_and_full():
         ({"dram_bytes": 1, "ssd_bytes": 5}, "'ssd_dir' is not"),
         ({"dram_bytes": 1, "ssd_dir": ""}, "'ssd_dir' must be a directory"),
         ({"dram_bytes": 1, "ssd_mirror": "yes"}, "'ssd_mirror' must be true or false"),
+        ({"dram_bytes": 1, "ssd_fsync": 0}, "'ssd_fsync' must be true or false"),
         ({"dram_bytes": 1, "ssd_mirror": True, "policy": "lru"}, "'ssd_mirror' applies"),
     ],
 )

@@ -65,7 +65,8 @@ class HiStateSpec(OffloadingSpec):
         if self.store_root is None:
             return None
         try:
-            store = SSDStore(self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes)
+            store = SSDStore(self.store_root, self.identity, budget_bytes=self.histate.ssd_bytes,
+                             fsync=self.histate.ssd_fsync)
         except StoreUnusable as e:
             _dram_only(e)
             return None

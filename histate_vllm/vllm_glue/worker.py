@@ -286,7 +286,7 @@ class HiStateWorker(OffloadingWorker):
     def _resetter(self, generation: str):
         def reset(old: SSDStore) -> None:  # on the writer thread, after earlier writes
             new = SSDStore(old.root, store_reset.reset_identity(old.identity, generation),
-                           budget_bytes=old.budget_bytes)
+                           budget_bytes=old.budget_bytes, fsync=old.fsync)
             self.writer.store = self.store = new
             start_thread(store_reset.wipe, args=(old,), name="histate-store-wipe", writes=True)
             logger.info("HiState: connector reset; SSD entries now go to %s", new.layout.dir)
