@@ -10,11 +10,11 @@ from histate_vllm.vllm_glue import offloading_spec
 from histate_vllm.vllm_glue.offloading_spec import HiStateSpec
 
 
-def _spec(root):
+def _spec(root, fsync=True):
     ident = StoreIdentity(model="m", dtype="float16", kv_layout="l", block_size=16, tp_rank=0,
                           tp_size=1, page_bytes=64, vllm_version="v")
     return SimpleNamespace(store_root=str(root), identity=ident,
-                           histate=SimpleNamespace(ssd_bytes=1 << 30))
+                           histate=SimpleNamespace(ssd_bytes=1 << 30, ssd_fsync=fsync))
 
 
 def test_unusable_root_gives_dram_only_with_one_warning(tmp_path, monkeypatch):
@@ -34,3 +34,13 @@ def test_unusable_root_gives_dram_only_with_one_warning(tmp_path, monkeypatch):
 def test_root_under_a_file_gives_dram_only(monkeypatch):
     monkeypatch.setattr(offloading_spec, "_said_unusable", set())
     assert HiStateSpec.open_scheduler_store(_spec("/dev/null/x")) == (None, None, None)
+
+
+def test_the_store_syncs_as_configured(tmp_path, monkeypatch):
+    for fsync in (True, False):
+        root = tmp_path / str(fsync)
+        root.mkdir(mode=0o700)
+        spec = _spec(root, fsync)
+        spec._warn_unwritable = lambda store: None
+        store = HiStateSpec.open_store(spec)
+        assert store is not None and store.fsync is fsync
