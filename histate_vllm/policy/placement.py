@@ -1,6 +1,6 @@
 """Asymmetric placement (HiState §3.1): KV chunks prefer DRAM, historical checkpoints SSD,
-terminal (leaf) checkpoints DRAM (in one recency order with the KV); a fast copy is demoted (dropped while a slower one stays)
-before anything is deleted.
+terminal (leaf) checkpoints DRAM (in one recency order with the KV); a fast copy is demoted
+(dropped while a slower one stays) before anything is deleted.
 
 DRAM and SSD are one hierarchy whose capacity adds up: a copy held in both tiers where DRAM
 is its home (a KV chunk, a terminal checkpoint) is on SSD only so that a restart finds it (a
@@ -39,14 +39,13 @@ def stage1_rank(e: Entry, tier: Tier) -> int | None:
     reads its terminal checkpoint with its KV, so ranking that checkpoint below every KV
     chunk sent the checkpoints of sessions idle for seconds to SSD while KV untouched for
     minutes stayed (issue 21: 464 of 3,263 requests read their 51 MB state from SSD on the
-    paper-like Weka replay, order 9). SSD drops backups (copies whose home is DRAM, kept on SSD for a
-    restart): KV chunks first (a restart without them still finds shorter prefixes), then
-    terminal checkpoints. A historical checkpoint's SSD copy is its home: never a backup.
+    paper-like Weka replay, order 9). SSD drops backups (copies whose home is DRAM, kept on
+    SSD for a restart): KV chunks first (a restart without them still finds shorter
+    prefixes), then terminal checkpoints. A historical checkpoint's SSD copy is its home:
+    never a backup.
     """
     if tier == Tier.DRAM:
-        if e.kind == Kind.STATE:
-            return 2 if is_leaf_state(e) else 0
-        return 2  # a terminal checkpoint ranks with the KV its session's next turn reads
+        return 0 if e.kind == Kind.STATE and not is_leaf_state(e) else 1
     if e.kind == Kind.KV:
         return 0
     return 1 if is_leaf_state(e) else None
