@@ -118,7 +118,7 @@ def reference_evictions(snap, tier: Tier, budget: int, units: bool = True,
                     # states_lead, one whose every KV chunk before it is on SSD), moves down
                     continue
                 if tier == Tier.DRAM:
-                    rank = (2 if is_leaf(n) else 0) if e.kind == Kind.STATE else 2
+                    rank = 0 if e.kind == Kind.STATE and not is_leaf(n) else 1
                 elif e.kind == Kind.KV:
                     rank = 0
                 elif is_leaf(n):

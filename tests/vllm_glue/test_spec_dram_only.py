@@ -36,7 +36,7 @@ def test_root_under_a_file_gives_dram_only(monkeypatch):
     assert HiStateSpec.open_scheduler_store(_spec("/dev/null/x")) == (None, None, None)
 
 
-def test_the_store_syncs_as_configured(tmp_path, monkeypatch):
+def test_the_store_syncs_as_configured(tmp_path):
     for fsync in (True, False):
         root = tmp_path / str(fsync)
         root.mkdir(mode=0o700)
