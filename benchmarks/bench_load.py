@@ -15,7 +15,10 @@ run in issue #12.
 Per server: requests completed and failed, TTFT mean/p50/p90/p99/max (client side, send to
 first streamed token), cached tokens per tier (GPU: vLLM's `prefix_cache_hits` on /metrics;
 DRAM and SSD: HiState's `histate_restored_tokens`; the responses' `cached_tokens` as a check),
-and the lookups vLLM deferred. Outputs are greedy: every request both servers completed is
+the lookups vLLM deferred, and the ceiling: the tokens an unlimited cache would have served
+of the same prompts (each one's prefix shared with a prompt sent before it, in the server's
+blocks; trace_replay.live), cached / reusable, and TTFT split between the requests that
+ceiling covers at least half of and the rest (which requests a cache can speed up at all). Outputs are greedy: every request both servers completed is
 compared, and the share with the same output text is printed (vLLM batches requests
 differently under load, which can move a logit by a rounding step, so the share is measured,
 not assumed; `--block-size` gives both servers vLLM's block size, see
@@ -47,7 +50,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
 from trace_replay import load  # noqa: E402
-from trace_replay.live import LiveConfig, replay_live  # noqa: E402
+from trace_replay.live import LiveConfig, replay_live, reuse_ceiling  # noqa: E402
 from trace_replay.server import local_server, metric_sum as _sum, metrics as _metrics  # noqa: E402
 
 MiB = 1 << 20
@@ -71,7 +74,8 @@ def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dic
                          max_delay=args.max_delay, max_context=args.max_context,
                          warm_prefix_tokens=args.warm_prefix, recycle=True,
                          max_input_tokens=args.max_context,
-                         max_output_tokens=args.max_output_tokens, request_timeout=600.0)
+                         max_output_tokens=args.max_output_tokens, request_timeout=600.0,
+                         block_tokens=args.block_size or 16)
         print(f"{name}: replaying for {args.duration:.0f} s", flush=True)
         rep = replay_live(load([str(p) for p in args.traces]), cfg)
         time.sleep(2.0)  # the last step's stats reach /metrics with the engine's outputs
@@ -93,6 +97,8 @@ def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dic
         block=int(m.group(1)) if (m := re.search(r"(\d+)-token blocks",
                                                   log.read_text(errors="replace"))) else None,
     )
+    if s["block"] and not args.block_size:  # the ceiling in the server's own blocks
+        s.update(reuse_ceiling([r for r in rep["requests"] if r.get("ok")], s["block"]))
     s["decode_ms_per_token"] = (1e3 * s["decode_s"] / s["generated"]
                                 if s["generated"] else float("nan"))
     (work / f"{name}.json").write_text(json.dumps(rep))
@@ -147,6 +153,16 @@ ROWS = [
     ("TTFT max (s)", "ttft_max", "{:.2f}"),
     ("prompt tokens", "prompt_tokens", "{:,.0f}"),
     ("cached / prompt tokens", "hit_rate", "{:.3f}"),
+    ("reusable / prompt tokens (any cache's ceiling)", "reusable_rate", "{:.3f}"),
+    ("cached / reusable tokens", "cached_of_reusable", "{:.3f}"),
+    ("requests half reusable or more", "warm_requests", "{:.0f}"),
+    ("requests less than half reusable", "cold_requests", "{:.0f}"),
+    ("TTFT mean, half reusable or more (s)", "ttft_mean_warm", "{:.2f}"),
+    ("TTFT mean, less than half reusable (s)", "ttft_mean_cold", "{:.2f}"),
+    ("TTFT p99, half reusable or more (s)", "ttft_p99_warm", "{:.2f}"),
+    ("TTFT p99, less than half reusable (s)", "ttft_p99_cold", "{:.2f}"),
+    ("cached / reusable, half reusable or more", "cached_of_reusable_warm", "{:.3f}"),
+    ("cached / reusable, less than half", "cached_of_reusable_cold", "{:.3f}"),
     ("cached tokens from GPU", "gpu", "{:,.0f}"),
     ("cached tokens from DRAM", "dram", "{:,.0f}"),
     ("cached tokens from SSD", "ssd", "{:,.0f}"),

@@ -17,11 +17,18 @@ Per request: TTFT = send to the first streamed choice; cached tokens from the fi
 chunk's `prompt_tokens_details.cached_tokens` (vLLM: `--enable-prompt-tokens-details`).
 Bounded by `max_requests` and `max_time` (nothing is sent after it; requests in flight
 finish, up to `request_timeout`); only loopback URLs are accepted.
+
+The ceiling any cache could reach: per request, `shared_tokens`, the longest prefix it shares
+with a prompt sent before it (in `SHARE_GRAIN`-token pieces, a divisor of every vLLM block
+size); `summarize(records, block_tokens)` turns it into `reusable_tokens`, what an unlimited
+cache with a state at every block boundary would serve (whole blocks, and never the last
+prompt token, as vLLM), so cached / reusable is the engine's recovery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import ipaddress
 import json
 import math
@@ -36,6 +43,7 @@ from .model import Request, Session, Workload
 from .sim.engine import limit_context
 
 MIN_TOKEN = 2  # keep clear of the lowest (special) ids
+SHARE_GRAIN = 16  # tokens: vLLM block sizes are multiples of 16
 
 
 @dataclass(frozen=True)
@@ -59,12 +67,16 @@ class LiveConfig:
     # affinity, e.g. vllm-router's consistent_hash on X-Session-ID); None: no header.
     session_header: str | None = None
     run: int = 0  # != 0: every prompt salted for this run (runs on one server share nothing)
+    block_tokens: int = SHARE_GRAIN  # the server's block size, for the reuse ceiling
 
     def __post_init__(self) -> None:
         if self.gap not in ("think", "arrival"):
             raise ValueError(f"gap must be 'think' or 'arrival', got {self.gap!r}")
         if self.max_delay <= 0 or self.time_scale < 0:
             raise ValueError("max_delay must be > 0 and time_scale >= 0")
+        if self.block_tokens <= 0 or self.block_tokens % SHARE_GRAIN:
+            raise ValueError(f"block_tokens must be a positive multiple of {SHARE_GRAIN}, "
+                             f"got {self.block_tokens}")
 
 
 def check_loopback(url: str) -> None:
@@ -111,6 +123,35 @@ def prompt_tokens(req: Request, block_size: int, cfg: LiveConfig, salt: int = 0)
             "live-tail", req.session_id, req.index, salt, *(("run", cfg.run) if cfg.run else ()))
         parts.append(mix64_array(int(seed), offs[:rest]).astype(np.uint64) % span)
     return warm + (np.concatenate(parts).astype(np.int64) + MIN_TOKEN).tolist()
+
+
+class SharedPrefixes:
+    """Prompts sent so far, as chained digests of their `SHARE_GRAIN`-token pieces: how many
+    leading tokens a new prompt shares with any of them."""
+
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+
+    def add(self, tokens: list[int]) -> int:
+        """The shared prefix of `tokens` (a multiple of SHARE_GRAIN), then remember them."""
+        raw = np.asarray(tokens, dtype=np.int64).tobytes()
+        step = 8 * SHARE_GRAIN
+        digest, shared, matching = b"", 0, True
+        for i in range(len(tokens) // SHARE_GRAIN):
+            digest = hashlib.blake2b(digest + raw[i * step:(i + 1) * step],
+                                     digest_size=16).digest()
+            if matching and digest in self.seen:
+                shared += SHARE_GRAIN
+            else:
+                matching = False
+                self.seen.add(digest)
+        return shared
+
+
+def reusable(shared: int, prompt: int, block_tokens: int) -> int:
+    """What an unlimited cache serves of a prompt sharing `shared` tokens: whole blocks,
+    leaving at least the last prompt token to compute."""
+    return min(shared, max(0, prompt - 1)) // block_tokens * block_tokens
 
 
 def _gap(cfg: LiveConfig, prev: Request, req: Request) -> float:
@@ -186,6 +227,7 @@ async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict],
         model = cfg.model or await _first_model(client, url)
         t_start = time.perf_counter()
         deadline = t_start + cfg.max_time
+        sent = SharedPrefixes()
 
         async def user() -> None:
             for salt, s in order:  # one shared iterator: each session goes to one user
@@ -202,7 +244,8 @@ async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict],
                 budget[0] -= 1
                 tokens = prompt_tokens(req, workload.block_size, cfg, salt)
                 rec = {"session": s.id, "pass": salt, "index": k, "label": req.label,
-                       "sent": time.perf_counter() - t_start, "input_tokens": len(tokens)}
+                       "sent": time.perf_counter() - t_start, "input_tokens": len(tokens),
+                       "shared_tokens": sent.add(tokens)}
                 try:  # sent before the deadline: it may finish after it
                     rec.update(await _complete(
                         client, url, model, tokens,
@@ -245,7 +288,8 @@ def decode_stalls(records: list[dict]) -> dict:
             "itl_max": float(max(itl, default=float("nan")))}
 
 
-def summarize(records: list[dict]) -> dict:
+def summarize(records: list[dict], block_tokens: int = SHARE_GRAIN) -> dict:
+    """`block_tokens`: the server's block size, for the reuse ceiling (`reusable_tokens`)."""
     ok = [r for r in records if r.get("ok")]
     ttft = np.array([r["ttft"] for r in ok]) if ok else np.array([np.nan])
     prompt = sum(r["prompt_tokens"] for r in ok)
@@ -257,7 +301,30 @@ def summarize(records: list[dict]) -> dict:
             "ttft_mean": float(np.mean(ttft)), "prompt_tokens": int(prompt),
             "cached_tokens": int(cached), "hit_rate": cached / prompt if prompt else 0.0,
             "cached_tokens_reported": any(r.get("cached_tokens") is not None for r in ok),
-            **decode_stalls(records)}
+            **reuse_ceiling(ok, block_tokens), **decode_stalls(records)}
+
+
+def reuse_ceiling(ok: list[dict], block_tokens: int) -> dict:
+    """Reusable tokens (see the module doc) and how the requests that pay split: TTFT of the
+    requests an unlimited cache serves at least half of, and of the rest."""
+    if not ok or any("shared_tokens" not in r for r in ok):
+        return {}
+    reuse = np.array([reusable(r["shared_tokens"], r["prompt_tokens"], block_tokens)
+                      for r in ok])
+    prompt = np.array([r["prompt_tokens"] for r in ok])
+    cached = np.array([r["cached_tokens"] or 0 for r in ok])
+    ttft = np.array([r["ttft"] for r in ok])
+    warm = reuse >= prompt / 2
+    out = {"reusable_tokens": int(reuse.sum()),
+           "reusable_rate": float(reuse.sum() / prompt.sum()) if prompt.sum() else 0.0,
+           "cached_of_reusable": float(cached.sum() / reuse.sum()) if reuse.sum() else 0.0,
+           "warm_requests": int(warm.sum()), "cold_requests": int((~warm).sum())}
+    for name, m in (("warm", warm), ("cold", ~warm)):
+        out[f"ttft_mean_{name}"] = float(ttft[m].mean()) if m.any() else float("nan")
+        out[f"ttft_p99_{name}"] = float(np.percentile(ttft[m], 99)) if m.any() else float("nan")
+        out[f"cached_of_reusable_{name}"] = (float(cached[m].sum() / reuse[m].sum())
+                                             if reuse[m].sum() else float("nan"))
+    return out
 
 
 def replay_live(workload: Workload, cfg: LiveConfig, progress: bool = False) -> dict:
@@ -277,4 +344,4 @@ def replay_live(workload: Workload, cfg: LiveConfig, progress: bool = False) -> 
             bar.close()
     return {"settings": {**asdict(cfg), "model": model, "workload": workload.name,
                          "wall_s": round(wall, 2)},
-            "summary": summarize(records), "requests": records}
+            "summary": summarize(records, cfg.block_tokens), "requests": records}

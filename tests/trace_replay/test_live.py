@@ -151,6 +151,9 @@ def test_recycled_users_replay_until_the_deadline():
     recs = rep["requests"]
     assert rep["summary"]["completed"] == 10 and rep["summary"]["failed"] == 0
     assert {r["pass"] for r in recs} == {0, 1}  # the workload ran out and started again
+    # Every prompt after the first shares at least the warm prefix's whole pieces.
+    assert all(r["shared_tokens"] >= 48 for r in recs[1:])
+    assert rep["summary"]["cached_of_reusable"] == 0.0  # the fake server caches nothing
     assert all(p[:50] == _Handler.prompts[0][:50] for p in _Handler.prompts)
     first = {(r["session"], r["index"]): r for r in recs if r["pass"] == 0}
     again = [r for r in recs if r["pass"] == 1]
@@ -219,3 +222,39 @@ def test_a_router_sees_each_session_by_name_and_runs_share_no_prompt():
     runs = [prompt_tokens(req, wl.block_size, LiveConfig(run=k)) for k in (1, 2)]
     assert len({tuple(plain[:64]), *(tuple(r[:64]) for r in runs)}) == 3
     assert prompt_tokens(req, wl.block_size, LiveConfig(run=0)) == plain
+
+
+def test_shared_prefixes_measure_what_any_cache_could_reuse():
+    """The reuse ceiling: the prefix a prompt shares with any prompt sent before it, in
+    16-token pieces, then whole server blocks short of the last token."""
+    from trace_replay.live import SharedPrefixes, reusable
+
+    sent = SharedPrefixes()
+    a = list(range(100, 1100))  # 1000 tokens
+    assert sent.add(a) == 0
+    assert sent.add(a + [7] * 500) == 992  # an append: all of a's whole pieces
+    fork = a[:300] + [9] * 200
+    assert sent.add(fork) == 288  # diverges at 300: pieces before it
+    assert sent.add([5] * 400) == 0
+    assert sent.add(fork) == 496  # itself again: whole
+    assert reusable(992, 1500, 384) == 768
+    assert reusable(496, 500, 16) == 496 and reusable(500, 500, 16) == 496  # one token left
+    assert reusable(288, 500, 384) == 0
+
+
+def test_the_summary_sets_cached_tokens_against_the_ceiling():
+    from trace_replay.live import summarize
+
+    recs = [{"ok": True, "ttft": 1.0, "prompt_tokens": 1000, "cached_tokens": 0,
+             "shared_tokens": 0},
+            {"ok": True, "ttft": 0.2, "prompt_tokens": 1500, "cached_tokens": 384,
+             "shared_tokens": 992},
+            {"ok": True, "ttft": 0.8, "prompt_tokens": 500, "cached_tokens": 0,
+             "shared_tokens": 288}]
+    s = summarize(recs, 384)
+    assert s["reusable_tokens"] == 768
+    assert s["cached_of_reusable"] == 0.5
+    assert (s["warm_requests"], s["cold_requests"]) == (1, 2)
+    assert s["ttft_mean_warm"] == 0.2 and s["ttft_mean_cold"] == 0.9
+    with pytest.raises(ValueError, match="multiple of 16"):
+        LiveConfig(block_tokens=100)
