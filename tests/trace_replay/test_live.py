@@ -151,8 +151,9 @@ def test_recycled_users_replay_until_the_deadline():
     recs = rep["requests"]
     assert rep["summary"]["completed"] == 10 and rep["summary"]["failed"] == 0
     assert {r["pass"] for r in recs} == {0, 1}  # the workload ran out and started again
-    # Every prompt after the first shares at least the warm prefix's whole pieces.
-    assert all(r["shared_tokens"] >= 48 for r in recs[1:])
+    # Every prompt but the first sent shares at least the warm prefix's whole pieces
+    # (records are in completion order).
+    assert sorted(r["shared_tokens"] for r in recs)[1] >= 48
     assert rep["summary"]["cached_of_reusable"] == 0.0  # the fake server caches nothing
     assert all(p[:50] == _Handler.prompts[0][:50] for p in _Handler.prompts)
     first = {(r["session"], r["index"]): r for r in recs if r["pass"] == 0}
