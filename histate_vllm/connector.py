@@ -137,7 +137,9 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         # bookkeeping/restore_admission.py). One lookup, so vLLM's lookup stats count each once.
         limit = self.admission.limit(request, num_computed_tokens,
                                      self._own_evictable.pop(request.request_id, 0))
+        cut = None
         if limit is not None and (max_num_new_tokens is None or limit < max_num_new_tokens):
+            cut = num_computed_tokens + limit
             logger.debug("HiState: %s restore limited to %d tokens past %d to fit the free "
                          "GPU blocks", request.request_id, limit, num_computed_tokens)
             max_num_new_tokens = limit
@@ -146,7 +148,7 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         )
         if hit is not None:
             done = num_computed_tokens + hit
-            self.manager.note_hit(request, done, num_computed_tokens)
+            self.manager.note_hit(request, done, num_computed_tokens, cut)
             if not (hit and request.shared_prefix_boundary == done):
                 self._steer_chunk_end(request, done)
             # else: vLLM found the GPU holding this prefix's KV but not its state (a

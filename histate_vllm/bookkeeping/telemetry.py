@@ -12,6 +12,8 @@ Miss causes, decided per request from the deepest evidence past what was restore
   write_failed   its SSD write failed or was dropped (queue full)
   load_failed    the restore itself failed for another reason (I/O error, timeout)
   incompatible   a checkpoint there exists on disk under another store identity
+  gpu_full       a checkpoint past the hit was restorable, but the restore was cut to what
+                 fits the free GPU blocks (restore_admission.py); the rest was prefilled
   no_checkpoint  the KV is shared past the hit, but no checkpoint was ever kept there
 A prompt with nothing cached past its hit is not a miss (first sight of that prefix).
 """
@@ -27,7 +29,7 @@ from histate_vllm.policy import Tier
 from histate_vllm.policy import events as ev
 
 TIER = {Tier.DRAM: "dram", Tier.SSD: "ssd"}
-CAUSES = ("no_checkpoint", "evicted", "corrupt", "write_failed", "load_failed", "incompatible",
+CAUSES = ("no_checkpoint", "gpu_full", "evicted", "corrupt", "write_failed", "load_failed", "incompatible",
           "writing")
 MAX_FATES = 1 << 16  # nodes whose last loss is remembered for miss causes
 
@@ -121,12 +123,15 @@ class Telemetry:
         shared: int,
         writing: Callable[[bytes], bool],
         elsewhere: Callable[[Sequence[bytes]], bool] | None = None,
+        restorable: int = 0,
+        limit: int | None = None,
     ) -> tuple[str, int] | None:
         """Once per request: (cause, tokens missed) when something cached past `covered`
         (the tokens vLLM resumes from) could have served it, else None.
 
         usable: the prompt's last block boundary vLLM may resume from; shared: tokens whose
-        KV the policy holds (its `restorable` lookup)."""
+        KV the policy holds (its `restorable` lookup), restorable: its deepest checkpoint
+        there; limit: the depth the restore was cut to (free GPU blocks), if it was."""
         if request_id in self._looked_up:
             return None
         self._looked_up.add(request_id)
@@ -134,14 +139,11 @@ class Telemetry:
         bt = self.block_tokens
         first, last = covered // bt + 1, min(usable // bt, len(block_hashes))
         miss = None
-        for b in range(last, first - 1, -1):  # deepest evidence decides
-            node = block_hashes[b - 1]
-            if writing(node):
-                miss = ("writing", b * bt - covered)
-            elif node in self._fate:
-                miss = (self._fate[node], b * bt - covered)
-            if miss is not None:
-                break
+        reach = min(restorable, usable)
+        if limit is not None and reach > covered and reach > limit:
+            miss = ("gpu_full", reach - covered)  # the policy had it: the cut decided
+        else:
+            miss = self._evidence(block_hashes, covered, first, last, writing)
         if miss is None and min(shared, usable) > covered:
             miss = ("no_checkpoint", min(shared, usable) - covered)
         if miss is None and elsewhere is not None and last >= first:
@@ -151,6 +153,18 @@ class Telemetry:
             self.add("misses", 1, (miss[0],))
             self.add("missed_tokens", miss[1], (miss[0],))
         return miss
+
+    def _evidence(self, block_hashes, covered: int, first: int, last: int,
+                  writing: Callable[[bytes], bool]) -> tuple[str, int] | None:
+        """The deepest block past the hit whose copy is being written or was lost."""
+        bt = self.block_tokens
+        for b in range(last, first - 1, -1):
+            node = block_hashes[b - 1]
+            if writing(node):
+                return "writing", b * bt - covered
+            if node in self._fate:
+                return self._fate[node], b * bt - covered
+        return None
 
     # --- loads ---
 

@@ -140,13 +140,16 @@ class HiStateManager(OffloadingManager):
     def register_request(self, request) -> None:
         self._requests[request.request_id] = request
 
-    def note_hit(self, request, hit_tokens: int, gpu_tokens: int = 0) -> None:
+    def note_hit(self, request, hit_tokens: int, gpu_tokens: int = 0,
+                 limit: int | None = None) -> None:
         """Tokens the request resumes from (GPU prefix cache + this connector), of which
-        `gpu_tokens` the GPU prefix cache served."""
+        `gpu_tokens` the GPU prefix cache served; `limit`: the depth its restore was cut to
+        (to fit the free GPU blocks), if it was."""
         nb = gpu_tokens // self.layout.block_tokens
         self.orch.note_hit(request.request_id, hit_tokens,
                            (lambda: self._block_hashes(request)[:nb]) if nb else None)
-        self.observer.lookup(request, lambda: self._block_hashes(request), hit_tokens, gpu_tokens)
+        self.observer.lookup(request, lambda: self._block_hashes(request), hit_tokens, gpu_tokens,
+                             limit)
 
     def capture_positions(self, request) -> list[int]:
         """Where the policy wants this request's states (ascending, block-aligned).

@@ -71,8 +71,9 @@ class Observer:
             self.event_log.append(events=events)
 
     def lookup(self, request, block_hashes: Callable[[], list[bytes]], hit_tokens: int,
-               gpu_tokens: int) -> None:
-        """Once per request: was anything cached past where it resumes, and why not used."""
+               gpu_tokens: int, limit: int | None = None) -> None:
+        """Once per request: was anything cached past where it resumes, and why not used.
+        `limit`: the depth the restore was cut to, to fit the free GPU blocks."""
         rid = request.request_id
         if self.telemetry.looked_up(rid):
             return
@@ -82,7 +83,9 @@ class Observer:
         shared = hit.shared if hit is not None else 0
         usable = (request.num_prompt_tokens - 1) // bt * bt
         miss = self.telemetry.lookup(rid, hashes, hit_tokens, usable, shared, self._writing,
-                                     self._elsewhere if self._other_stores else None)
+                                     self._elsewhere if self._other_stores else None,
+                                     restorable=hit.position if hit is not None else 0,
+                                     limit=limit)
         if self.event_log is not None:
             self.event_log.append(lookups=[Lookup(
                 t=time.time(), request_id=rid, prompt_tokens=request.num_prompt_tokens,

@@ -37,8 +37,8 @@ _DEFS: dict[str, OffloadingMetricMetadata] = {
                    labelnames=_TIER),
     "lookups": _C(documentation="Requests HiState looked up (once per request)."),
     "misses": _C(documentation="Requests that resumed short of what was cached, by cause "
-                               "(no_checkpoint, evicted, corrupt, write_failed, load_failed, "
-                               "incompatible, writing).", labelnames=("cause",)),
+                               "(no_checkpoint, gpu_full, evicted, corrupt, write_failed, "
+                               "load_failed, incompatible, writing).", labelnames=("cause",)),
     "missed_tokens": _C(documentation="Tokens recomputed that a cache entry could have "
                                       "served, by cause.", labelnames=("cause",)),
     "evictions": _C(documentation="Copies the policy evicted, by tier and reason.",

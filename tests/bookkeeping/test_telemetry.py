@@ -160,3 +160,27 @@ def test_event_log_round_trip_rotation_and_torn_tail(tmp_path):
     with open(files[-1], "ab") as f:
         f.write(b"\x00\x00\x10\x00partial")  # a crash mid-frame
     assert read_log(str(tmp_path))[0] == events
+
+
+def test_a_restore_cut_to_the_free_gpu_blocks_is_its_own_cause():
+    """The policy could restore to its checkpoint at block 4, but the connector cut the
+    restore to 2 blocks (free GPU blocks, restore_admission.py): that cut, not a missing
+    checkpoint, is why vLLM resumed short."""
+    orch, policy, _, _ = build()
+    t = telemetry(orch)
+    hb = hashes(6)
+    store(orch, "a", hb[:4], states={2, 4})
+    hit = policy.restorable(hb)
+    assert (hit.position, hit.shared) == (4 * BT, 4 * BT)
+    miss = t.lookup("b", hb, 2 * BT, 5 * BT, hit.shared, writing(orch),
+                    restorable=hit.position, limit=3 * BT)
+    assert miss == ("gpu_full", 2 * BT)
+    # Control: the same lookup without the cut is a shared prefix without its checkpoint
+    # used, which the old accounting called no_checkpoint.
+    assert Telemetry(BT, clock=lambda: 0.0).lookup(
+        "b", hb, 2 * BT, 5 * BT, hit.shared, writing(orch), restorable=hit.position) == \
+        ("no_checkpoint", 2 * BT)
+    # A cut that reaches past the deepest checkpoint decided nothing.
+    assert Telemetry(BT, clock=lambda: 0.0).lookup(
+        "c", hb, 2 * BT, 5 * BT, hit.shared, writing(orch), restorable=hit.position,
+        limit=4 * BT) == ("no_checkpoint", 2 * BT)

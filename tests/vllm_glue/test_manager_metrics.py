@@ -51,11 +51,11 @@ def make(tmp_path=None, dram_keys=40, **extra):
     return m
 
 
-def run(m, rid, hashes, n, hit=0, gpu=0, fail_load=False, land=True):
+def run(m, rid, hashes, n, hit=0, gpu=0, fail_load=False, land=True, limit=None):
     """One request as vLLM's offloading scheduler drives the manager; returns load slots."""
     r = Req(rid, hashes, n)
     m.register_request(r)
-    m.note_hit(r, hit, gpu)
+    m.note_hit(r, hit, gpu, limit)
     m.capture_positions(r)
     ctx = ReqContext(req_id=rid)
     slots = None
@@ -110,6 +110,22 @@ def test_restored_tokens_per_tier_and_gauges_match_the_books():
     assert "histate_misses" not in data
     # Counters are deltas: a second call without activity reports nothing new.
     assert "histate_restored_tokens" not in counters(m)
+
+
+def test_a_restore_cut_to_the_free_gpu_blocks_counts_as_gpu_full():
+    """The connector cut b's restore to 2 blocks (free GPU blocks) although a's prompt-end
+    checkpoint at block 4 was restorable: the miss is `gpu_full`, the 2 blocks prefilled."""
+    m = make()
+    h = hb(8)
+    run(m, "a", h[:4], 4 * BT + 1)
+    assert m.policy.restorable(h[:6]).position == 4 * BT
+    counters(m)
+    run(m, "b", h[:6], 6 * BT + 1, hit=2 * BT, limit=2 * BT)
+    data = counters(m)
+    assert data["histate_misses"] == {("gpu_full",): 1}
+    assert data["histate_missed_tokens"] == {("gpu_full",): 2 * BT}
+    run(m, "c", h[:6], 6 * BT + 1, hit=2 * BT)  # control: no cut, the same resume point
+    assert "gpu_full" not in {k[0] for k in counters(m).get("histate_misses", {})}
 
 
 def test_ssd_restores_evictions_and_writes(tmp_path):
