@@ -219,6 +219,32 @@ def classes_pooled(reps: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
+LOSS_POLICIES = ("histate", "histate-mirror", "vllm-disk")
+
+
+def recovery_losses(reps: dict[str, dict]) -> str:
+    """Where Unlimited's reuse over the sensitive requests went, per run (metrics.py's
+    `recovery_losses`): restored, KV gone, KV held without a state near the divergence
+    (of which inside a session's first prompt)."""
+    names = sorted(reps, key=seed_of)
+    pols = [p for p in LOSS_POLICIES if p in reps[names[0]]]
+    rows = ["| order | " + " | ".join(f"{p}: recovered / KV gone / no state (first prompt)"
+                                      for p in pols) + " |",
+            "|---" * (len(pols) + 1) + "|"]
+    for k in names:
+        cells = []
+        for p in pols:
+            m = reps[k][p]
+            lo = m.get("recovery_losses")
+            if not lo:
+                cells.append("-")
+                continue
+            cells.append(f"{fmt(m.get('recovery'), '.1%')} / {lo['lost_kv']:.1%} / "
+                         f"{lo['lost_no_state']:.1%} ({lo['lost_no_state_first_segment']:.1%})")
+        rows.append(f"| {seed_of(k)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def mutation(d: Path) -> str:
     reps = load(d, "mut-p*-s*.json")
     by_p: dict[str, list[dict]] = {}
@@ -263,6 +289,7 @@ def main() -> None:
         print(f"Hierarchy and restarts:\n\n{hierarchy(reps)}\n")
         print(f"Bytes and request classes per run:\n\n{bytes_and_classes(reps)}\n")
         print(f"Request classes, all seeds pooled:\n\n{classes_pooled(reps)}\n")
+        print(f"Where recovery is lost, per run:\n\n{recovery_losses(reps)}\n")
     print(f"### Mutation microbenchmark\n\n{mutation(d)}\n")
     tl = load(d, "tl-s*.json")
     if tl:

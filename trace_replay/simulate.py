@@ -31,7 +31,15 @@ from .costmodel import (
     default_gpu_cache_bytes,
     round_up,
 )
-from .metrics import REFERENCES, class_means, request_classes, reuse_sensitive, summarize
+from .metrics import (
+    REFERENCES,
+    class_means,
+    first_segment_blocks,
+    recovery_losses,
+    request_classes,
+    reuse_sensitive,
+    summarize,
+)
 from .model import Workload, coarsen
 from .policies import POLICIES, PolicyContext, make
 from .sim import Replay, ReplaySettings, RunResult, SimClock, Simulator
@@ -197,9 +205,10 @@ def report(prep: Prepared, policies: list[str], refs: list[str],
     # Classes from the order requests were sent in one run (Unlimited's if it ran): the
     # same for every policy.
     first = unl if unl is not None else next(iter(results.values()))
+    sent = np.argsort(first.arrival, kind="stable")
     classes = np.array(request_classes(
-        prep.replay.blocks, [r.session_id for r in reqs],
-        np.argsort(first.arrival, kind="stable")), dtype=object)
+        prep.replay.blocks, [r.session_id for r in reqs], sent), dtype=object)
+    heads = first_segment_blocks(prep.replay.blocks, sent) if mask is not None else set()
     cost = prep.config.cost()
     out: dict = {
         "settings": {
@@ -231,6 +240,10 @@ def report(prep: Prepared, policies: list[str], refs: list[str],
         m["restored_ssd_gb"] = round(float(res.ssd_bytes.sum()) / 1e9, 1)
         m["stats"] = res.stats
         m["classes"] = class_means(res.ttft, classes)
+        if mask is not None and mask.any():
+            m["recovery_losses"] = recovery_losses(
+                res.hit, res.shared, unl.hit, mask, prep.replay.blocks,
+                prep.ctx_args["block_tokens"], heads)
         out[name] = m
     if per_request:
         out["per_request"] = {
@@ -242,6 +255,9 @@ def report(prep: Prepared, policies: list[str], refs: list[str],
             "sensitive": mask.tolist() if mask is not None else None,
             "ttft": {n: np.round(r.ttft, 4).tolist() for n, r in results.items()},
             "hit": {n: r.hit.tolist() for n, r in results.items()},
+            # The KV each policy held past its resume point (a state missing there, or
+            # evicted KV below Unlimited's hit: why recovery falls short).
+            "shared": {n: r.shared.tolist() for n, r in results.items()},
             # What each request's restore read from SSD: which requests pay for that tier.
             "ssd_mb": {n: np.round(r.ssd_bytes / 1e6, 3).tolist() for n, r in results.items()},
             # When each request arrived in each run (closed loop: it follows its turn's

@@ -65,3 +65,30 @@ def test_request_classes_append_internal_fork_cold():
     # the order requests were sent in decides: sent first, b#0 is cold
     classes = request_classes(blocks, sessions, [3, 0, 1, 2, 4, 5])
     assert classes[3] == "cold" and classes[0] == "fork"
+
+
+def test_recovery_losses_split_what_unlimited_reused():
+    """Three sensitive requests of 4-block prompts (B = 10): one restored whole, one whose
+    KV was evicted past block 1, one with the KV held to block 3 but its deepest state at
+    block 1, diverging inside a session's first prompt. The shares and recovery add to 1."""
+    from trace_replay.metrics import first_segment_blocks, recovery_losses
+
+    B = 10
+    blocks = [[1, 2, 3, 4],       # session a's first prompt
+              [1, 2, 3, 4, 5],    # a's next turn
+              [1, 2, 3, 9, 9],    # a rewrite: diverges after block 3 (of the first prompt)
+              [1, 2, 3, 4, 5, 6]]  # another turn
+    first = first_segment_blocks(blocks, [0, 1, 2, 3])
+    assert first == {1, 2, 3, 4}
+    unl = np.array([0, 40, 30, 50])
+    hit = np.array([0, 40, 10, 10])
+    shared = np.array([0, 40, 30, 10])
+    mask = np.array([False, True, True, True])
+    got = recovery_losses(hit, shared, unl, mask, blocks, B, first)
+    ref = 40 + 30 + 50
+    assert got == pytest.approx({"lost_kv": 40 / ref, "lost_no_state": 20 / ref,
+                                 "lost_no_state_first_segment": 20 / ref})
+    assert recovery(hit, unl, mask) + got["lost_kv"] + got["lost_no_state"] == pytest.approx(1)
+    # The same gap diverging in a later segment is not a first-segment loss.
+    later = recovery_losses(hit, shared, unl, mask, blocks, B, {1, 2})
+    assert later["lost_no_state_first_segment"] == 0.0

@@ -145,6 +145,7 @@ class RunResult:
     ttft: np.ndarray
     hit: np.ndarray  # tokens reused (resume point)
     gpu_hit: np.ndarray
+    shared: np.ndarray  # longest prefix whose KV the policy held, with a state or not
     dram_bytes: np.ndarray
     ssd_bytes: np.ndarray
     arrival: np.ndarray
@@ -233,6 +234,7 @@ class Simulator:
         ttft = np.full(n, np.nan)
         hit = np.zeros(n, dtype=np.int64)
         gpu_hit = np.zeros(n, dtype=np.int64)
+        shared_kv = np.zeros(n, dtype=np.int64)
         dram = np.zeros(n)
         ssd = np.zeros(n)
         arrival = np.zeros(n)
@@ -356,6 +358,7 @@ class Simulator:
                 ttft[rid] = now - job.arrival
                 hit[rid] = job.resume
                 gpu_hit[rid] = job.gpu_hit
+                shared_kv[rid] = max(job.shared, job.resume)
                 dram[rid] = job.dram_bytes
                 ssd[rid] = job.ssd_bytes
                 policy.prefilled(job)
@@ -374,7 +377,8 @@ class Simulator:
                     push(now, _ARRIVE, (queue.pop(), 0))
         assert done == n, f"{done} of {n} requests completed"
         return RunResult(
-            policy=policy.name, ttft=ttft, hit=hit, gpu_hit=gpu_hit, dram_bytes=dram,
+            policy=policy.name, ttft=ttft, hit=hit, gpu_hit=gpu_hit, shared=shared_kv,
+            dram_bytes=dram,
             ssd_bytes=ssd, arrival=arrival, makespan=makespan,
             wall_s=time.perf_counter() - t0, stats={**policy.stats(), **drive_stats(drive)},
         )
