@@ -19,10 +19,11 @@ Bounded by `max_requests` and `max_time` (nothing is sent after it; requests in 
 finish, up to `request_timeout`); only loopback URLs are accepted.
 
 The ceiling any cache could reach: per request, `shared_tokens`, the longest prefix it shares
-with a prompt sent before it (in `SHARE_GRAIN`-token pieces, a divisor of every vLLM block
-size); `summarize(records, block_tokens)` turns it into `reusable_tokens`, what an unlimited
-cache with a state at every block boundary would serve (whole blocks, and never the last
-prompt token, as vLLM), so cached / reusable is the engine's recovery.
+with a prompt sent before it, in pieces of `block_tokens` (the server's block size; when it
+is not known, `SHARE_GRAIN` tokens, a divisor of every vLLM block size). `summarize(records,
+block_tokens)` turns it into `reusable_tokens`, what an unlimited cache with a state at every
+block boundary would serve (whole blocks, never the last prompt token, as vLLM), so cached /
+reusable is the engine's recovery.
 """
 
 from __future__ import annotations
@@ -126,22 +127,24 @@ def prompt_tokens(req: Request, block_size: int, cfg: LiveConfig, salt: int = 0)
 
 
 class SharedPrefixes:
-    """Prompts sent so far, as chained digests of their `SHARE_GRAIN`-token pieces: how many
-    leading tokens a new prompt shares with any of them."""
+    """Prompts sent so far, as chained digests of their `grain`-token pieces: how many
+    leading tokens a new prompt shares with any of them. One 16-byte digest per piece is
+    kept: the server's block size as the grain keeps a long replay's memory small."""
 
-    def __init__(self) -> None:
+    def __init__(self, grain: int = SHARE_GRAIN) -> None:
+        self.grain = grain
         self.seen: set[bytes] = set()
 
     def add(self, tokens: list[int]) -> int:
-        """The shared prefix of `tokens` (a multiple of SHARE_GRAIN), then remember them."""
+        """The shared prefix of `tokens` (a multiple of the grain), then remember them."""
         raw = np.asarray(tokens, dtype=np.int64).tobytes()
-        step = 8 * SHARE_GRAIN
+        step = 8 * self.grain
         digest, shared, matching = b"", 0, True
-        for i in range(len(tokens) // SHARE_GRAIN):
+        for i in range(len(tokens) // self.grain):
             digest = hashlib.blake2b(digest + raw[i * step:(i + 1) * step],
                                      digest_size=16).digest()
             if matching and digest in self.seen:
-                shared += SHARE_GRAIN
+                shared += self.grain
             else:
                 matching = False
                 self.seen.add(digest)
@@ -227,7 +230,7 @@ async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict],
         model = cfg.model or await _first_model(client, url)
         t_start = time.perf_counter()
         deadline = t_start + cfg.max_time
-        sent = SharedPrefixes()
+        sent = SharedPrefixes(cfg.block_tokens)
 
         async def user() -> None:
             for salt, s in order:  # one shared iterator: each session goes to one user

@@ -241,6 +241,8 @@ def test_shared_prefixes_measure_what_any_cache_could_reuse():
     assert reusable(992, 1500, 384) == 768
     assert reusable(496, 500, 16) == 496 and reusable(500, 500, 16) == 496  # one token left
     assert reusable(288, 500, 384) == 0
+    coarse = SharedPrefixes(384)  # the server's block as the grain: whole blocks only
+    assert coarse.add(a) == 0 and coarse.add(a + [7] * 500) == 768
 
 
 def test_the_summary_sets_cached_tokens_against_the_ceiling():
