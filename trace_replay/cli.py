@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the same TOKENS tokens in front of every prompt")
     v.add_argument("--recycle", action="store_true",
                    help="users start the workload again (new conversations) when it runs out")
+    v.add_argument("--block-tokens", type=int, default=16, metavar="TOKENS",
+                   help="the server's block size, for the ceiling any cache could reach "
+                        "(reusable tokens); default 16, a divisor of every vLLM block size")
     v.add_argument("--max-input-tokens", type=int, default=7680)
     v.add_argument("--max-output-tokens", type=int, default=16)
     v.add_argument("--vocab", type=int, default=2000, help="token ids are drawn below this")
@@ -336,7 +339,7 @@ def cmd_live(a: argparse.Namespace) -> int:
                      max_output_tokens=a.max_output_tokens, vocab=a.vocab,
                      request_timeout=a.timeout, gap=a.gap, max_delay=a.max_delay,
                      max_context=a.max_context, warm_prefix_tokens=a.warm_prefix,
-                     recycle=a.recycle)
+                     recycle=a.recycle, block_tokens=a.block_tokens)
     import httpx
 
     try:
@@ -347,6 +350,9 @@ def cmd_live(a: argparse.Namespace) -> int:
     print(f"{s['completed']} requests ({s['failed']} failed): TTFT p50 {s['ttft_p50']:.3f} s, "
           f"p90 {s['ttft_p90']:.3f} s, p99 {s['ttft_p99']:.3f} s, cached tokens {s['cached_tokens']:,} of "
           f"{s['prompt_tokens']:,} ({s['hit_rate']:.1%})")
+    if "reusable_tokens" in s:
+        print(f"any cache could have served {s['reusable_tokens']:,} ({s['reusable_rate']:.1%} of "
+              f"prompt tokens): cached / reusable {s['cached_of_reusable']:.1%}")
     if a.json:
         a.json.write_text(json.dumps(_clean(rep)))
         print(f"wrote {a.json}")

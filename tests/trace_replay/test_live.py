@@ -261,3 +261,20 @@ def test_the_summary_sets_cached_tokens_against_the_ceiling():
     assert s["ttft_mean_warm"] == 0.2 and s["ttft_mean_cold"] == 0.9
     with pytest.raises(ValueError, match="multiple of 16"):
         LiveConfig(block_tokens=100)
+
+
+def test_the_live_command_prints_the_ceiling(capsys):
+    from trace_replay.cli import main
+
+    _Handler.prompts = []
+    server = _Server(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rc = main(["live", "--synth", "append:n_sessions=2,turns=3", "--url",
+                   f"http://127.0.0.1:{server.server_address[1]}", "--block-tokens", "64",
+                   "--max-requests", "6"])
+    finally:
+        server.shutdown()
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "any cache could have served" in out and "cached / reusable 0.0%" in out
