@@ -18,8 +18,8 @@ DRAM and SSD: HiState's `histate_restored_tokens`; the responses' `cached_tokens
 the lookups vLLM deferred, and the ceiling: the tokens an unlimited cache would have served
 of the same prompts (each one's prefix shared with a prompt sent before it, in the server's
 blocks; trace_replay.live), cached / reusable, and TTFT split between the requests that
-ceiling covers at least half of and the rest (which requests a cache can speed up at all). Outputs are greedy: every request both servers completed is
-compared, and the share with the same output text is printed (vLLM batches requests
+ceiling covers at least half of and the rest (which requests a cache can speed up at all).
+Outputs are greedy: every request both servers completed is compared, and the share with the same output text is printed (vLLM batches requests
 differently under load, which can move a logit by a rounding step, so the share is measured,
 not assumed; `--block-size` gives both servers vLLM's block size, see
 examples/agent_demo.py for why vLLM alone needs it). After the HiState server's normal stop (SIGTERM) the store is

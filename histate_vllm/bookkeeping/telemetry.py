@@ -29,8 +29,8 @@ from histate_vllm.policy import Tier
 from histate_vllm.policy import events as ev
 
 TIER = {Tier.DRAM: "dram", Tier.SSD: "ssd"}
-CAUSES = ("no_checkpoint", "gpu_full", "evicted", "corrupt", "write_failed", "load_failed", "incompatible",
-          "writing")
+CAUSES = ("no_checkpoint", "gpu_full", "evicted", "corrupt", "write_failed", "load_failed",
+          "incompatible", "writing")
 MAX_FATES = 1 << 16  # nodes whose last loss is remembered for miss causes
 
 Labels = tuple[str, ...]
