@@ -14,17 +14,18 @@ run in issue #12.
 
 Per server: requests completed and failed, TTFT mean/p50/p90/p99/max (client side, send to
 first streamed token), cached tokens per tier (GPU: vLLM's `prefix_cache_hits` on /metrics;
-DRAM and SSD: HiState's `histate_restored_tokens`; the responses' `cached_tokens` as a check),
-the lookups vLLM deferred, and the ceiling: the tokens an unlimited cache would have served
-of the same prompts (each one's prefix shared with a prompt sent before it, in the server's
-blocks; trace_replay.live), cached / reusable, and TTFT split between the requests that
-ceiling covers at least half of and the rest (which requests a cache can speed up at all).
-Outputs are greedy: every request both servers completed is compared, and the share with the same output text is printed (vLLM batches requests
-differently under load, which can move a logit by a rounding step, so the share is measured,
-not assumed; `--block-size` gives both servers vLLM's block size, see
-examples/agent_demo.py for why vLLM alone needs it). After the HiState server's normal stop (SIGTERM) the store is
-checked with `python -m histate_vllm fsck`, then opened as the next start opens it (orphans
-collected) and checked again.
+DRAM and SSD: HiState's `histate_restored_tokens`; the responses' `cached_tokens` as a
+check), the lookups vLLM deferred, and the ceiling: the tokens an unlimited cache would have
+served of the same prompts (each one's prefix shared with a prompt sent before it, in the
+server's blocks; trace_replay.live), cached / reusable, and TTFT split between the requests
+that ceiling covers at least half of and the rest (which requests a cache can speed up at
+all). Outputs are greedy: every request both servers completed is compared, and the share
+with the same output text is printed (vLLM batches requests differently under load, which
+can move a logit by a rounding step, so the share is measured, not assumed; `--block-size`
+gives both servers vLLM's block size, see examples/agent_demo.py for why vLLM alone needs
+it). After the HiState server's normal stop (SIGTERM) the store is checked with `python -m
+histate_vllm fsck`, then opened as the next start opens it (orphans collected) and checked
+again.
 
     python benchmarks/bench_load.py [TRACE_DIR ...] [--users 4] [--duration 270] [--dir WORK]
 
