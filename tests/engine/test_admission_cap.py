@@ -97,6 +97,22 @@ def test_the_second_restore_is_shortened_to_fit(run_h):
     assert run_h["P2"]["num_cached_tokens"] == 0
 
 
+def test_the_cut_is_logged_as_gpu_full_not_a_missing_checkpoint(run_h, work):
+    """The event log's lookup for R2 names the cut (`gpu_full`): a checkpoint deeper than
+    where R2 resumed was restorable. R1, restored whole, is no miss."""
+    from histate_vllm.bookkeeping.eventlog import read_log
+
+    lookups = [lk for d in sorted((work / "ssd").glob("*/events"))
+               for lk in read_log(str(d))[1]]
+    by_tokens = {lk.prompt_tokens: lk for lk in lookups}
+    r1, r2 = by_tokens[run_h["R1"]["num_prompt_tokens"]], by_tokens[
+        run_h["R2"]["num_prompt_tokens"]]
+    assert r2.covered == run_h["R2"]["num_cached_tokens"]
+    assert r2.position > r2.covered
+    assert (r2.cause, r2.missed) == ("gpu_full", r2.position - r2.covered)
+    assert r1.cause == ""
+
+
 def test_shortened_restores_are_exact(run_h, cold, tolerance):
     for name in ("R1", "R2"):
         ok, why = matches(run_h[name], cold[name], tolerance)
