@@ -107,31 +107,16 @@ def request_classes(blocks: list[list[int]], sessions: list[str], order) -> list
     return out
 
 
-def first_segment_blocks(blocks: list[list[int]], order) -> set[int]:
-    """Block ids first computed by a prompt that shared no full block with any prompt sent
-    before it (a session's first prompt: its system prompt, tools and first message).
-    `order`: the requests in the order they were sent."""
-    seen: set[int] = set()
-    first: set[int] = set()
-    for i in order:
-        b = blocks[i]
-        head = not b or b[0] not in seen
-        for x in b:
-            if x not in seen:
-                seen.add(x)
-                if head:
-                    first.add(x)
-    return first
-
-
 def recovery_losses(hit: np.ndarray, shared: np.ndarray, unlimited: np.ndarray,
                     mask: np.ndarray, blocks: list[list[int]], block_tokens: int,
                     first: set[int]) -> dict:
     """Where Unlimited's reuse over the reuse-sensitive requests went, as shares of it:
     `lost_kv` (the policy no longer held the KV Unlimited reused), `lost_no_state` (it held
     the KV, but no state at or near the divergence: the gap to its deepest checkpoint), and
-    of the latter `lost_no_state_first_segment`, where the divergence lies in a block first
-    computed by a session's first prompt (`first_segment_blocks`)."""
+    of the latter `lost_no_state_first_segment`, where the divergence lies in one of the
+    blocks `first`: those of the `cold` requests (`request_classes`), a session's first
+    prompt (block ids are chained, so every block of a cold request was first computed
+    there)."""
     ref = int(np.sum(unlimited[mask]))
     if not ref:
         return {}
