@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
 from trace_replay import load  # noqa: E402
-from trace_replay.live import LiveConfig, replay_live, reuse_ceiling  # noqa: E402
+from trace_replay.live import SHARE_GRAIN, LiveConfig, replay_live, reuse_ceiling  # noqa: E402
 from trace_replay.server import local_server, metric_sum as _sum, metrics as _metrics  # noqa: E402
 
 MiB = 1 << 20
@@ -76,7 +76,7 @@ def _run(args, model: str, work: Path, name: str, connector: dict | None) -> dic
                          warm_prefix_tokens=args.warm_prefix, recycle=True,
                          max_input_tokens=args.max_context,
                          max_output_tokens=args.max_output_tokens, request_timeout=600.0,
-                         block_tokens=args.block_size or 16)
+                         block_tokens=args.block_size or SHARE_GRAIN)
         print(f"{name}: replaying for {args.duration:.0f} s", flush=True)
         rep = replay_live(load([str(p) for p in args.traces]), cfg)
         time.sleep(2.0)  # the last step's stats reach /metrics with the engine's outputs

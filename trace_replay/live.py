@@ -40,6 +40,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from .hashing import mix64_array, namespace_seed
+from .metrics import hit_rate, percentiles
 from .model import Request, Session, Workload
 from .sim.engine import limit_context
 
@@ -318,14 +319,13 @@ def reuse_ceiling(ok: list[dict], block_tokens: int) -> dict:
     cached = np.array([r["cached_tokens"] or 0 for r in ok])
     ttft = np.array([r["ttft"] for r in ok])
     warm = reuse >= prompt / 2
-    out = {"reusable_tokens": int(reuse.sum()),
-           "reusable_rate": float(reuse.sum() / prompt.sum()) if prompt.sum() else 0.0,
-           "cached_of_reusable": float(cached.sum() / reuse.sum()) if reuse.sum() else 0.0,
+    out = {"reusable_tokens": int(reuse.sum()), "reusable_rate": hit_rate(reuse, prompt),
+           "cached_of_reusable": hit_rate(cached, reuse),
            "warm_requests": int(warm.sum()), "cold_requests": int((~warm).sum())}
     for name, m in (("warm", warm), ("cold", ~warm)):
-        out[f"ttft_mean_{name}"] = float(ttft[m].mean()) if m.any() else float("nan")
-        out[f"ttft_p99_{name}"] = float(np.percentile(ttft[m], 99)) if m.any() else float("nan")
-        out[f"cached_of_reusable_{name}"] = (float(cached[m].sum() / reuse[m].sum())
+        p = percentiles(ttft[m])
+        out[f"ttft_mean_{name}"], out[f"ttft_p99_{name}"] = p["ttft_mean"], p["ttft_p99"]
+        out[f"cached_of_reusable_{name}"] = (hit_rate(cached[m], reuse[m])
                                              if reuse[m].sum() else float("nan"))
     return out
 
