@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,8 +124,12 @@ def _fsck(store: Path) -> tuple[str, list[dict]]:
     except (json.JSONDecodeError, KeyError):
         return f"exit {r.returncode}: {(r.stdout + r.stderr).strip()[-300:]}", []
     bad = sum(len(x["checkpoints_bad"]) + len(x["chunks_bad"]) for x in reports)
-    orphans = sum(len(x["orphans"]) for x in reports)
-    return f"exit {r.returncode}, {bad} bad entries, {orphans} orphans", reports
+    # By reason: states written ahead of their KV and never published show up as "state
+    # file no manifest names", a stop's writes in flight as temporary files.
+    why = Counter(o["reason"] for x in reports for o in x["orphans"])
+    kinds = ", ".join(f"{n} {reason}" for reason, n in why.most_common())
+    return (f"exit {r.returncode}, {bad} bad entries, {sum(why.values())} orphans"
+            + (f" ({kinds})" if kinds else ""), reports)
 
 
 def _start_up(store: Path, reports: list[dict]) -> str:

@@ -294,9 +294,11 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         self._keep_block_size()
         # Before vLLM advances num_computed_tokens: where this step's chunks end.
+        prefilling = False
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             request = self.manager.live_request(req_id)
             if request is not None:
+                prefilling |= request.num_computed_tokens < request.num_prompt_tokens
                 done = request.num_computed_tokens + n
                 if done < request.num_prompt_tokens:
                     self._steer_chunk_end(request, done)
@@ -314,7 +316,8 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         meta = super().build_connector_meta(scheduler_output)
         # After every store job of the step, so each state's chunks are already staged.
         # Deletes (and a reset) first: they were decided before this step's writes.
-        meta.ssd_writes = self.manager.take_ssd_deletes() + self.manager.take_ssd_writes()
+        meta.ssd_writes = (self.manager.take_ssd_deletes()
+                           + self.manager.take_ssd_writes(prefilling))
         # Nothing scheduled: vLLM steps the engine only for HiState's SSD work.
         meta.idle = scheduler_output.total_num_scheduled_tokens == 0
         return meta

