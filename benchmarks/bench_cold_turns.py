@@ -6,6 +6,8 @@ fresh prompts of the demo's size run through engines that differ in one thing at
   vllm        vLLM alone (the baseline of the ratios, rerun in every round)
   dram        HiState, a DRAM pool that holds everything (no pressure, no SSD)
   dram-small  HiState, --dram-mib of DRAM: every prompt evicts an older one
+  dram-coarse `dram-small` with one checkpoint interval per prefill chunk (`interval` =
+              max_num_batched_tokens rounded down to blocks): no chunk end beyond vLLM's
   shm         the same plus an SSD store on tmpfs (/dev/shm): the store's CPU, no disk
   ssd         the same with the store on disk (--dir): as users run it
   ssd-nosync  `ssd` without fsync (`ssd_fsync: false`): what the disk's sync work costs
@@ -50,6 +52,7 @@ def _variants(args, work: Path, block: int) -> dict[str, dict | None]:
         "vllm": None,
         "dram": dict(dram_bytes=1024 * MiB),
         "dram-small": small,
+        "dram-coarse": dict(small, interval=BATCH_TOKENS // block * block),
         "shm": dict(small, ssd_dir="/dev/shm/histate-bench-cold/ssd", ssd_bytes=1024 * MiB),
         "ssd": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB),
         "ssd-nosync": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB,
