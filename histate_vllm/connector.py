@@ -316,8 +316,12 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         meta = super().build_connector_meta(scheduler_output)
         # After every store job of the step, so each state's chunks are already staged.
         # Deletes (and a reset) first: they were decided before this step's writes.
+        # A lone prefill: its decode or the idle gap after it is the quiet time the backups
+        # wait for. Beside other requests (a loaded server) no step is quiet, and holding
+        # only makes the writes burstier (bench_load, results_load.md, session 15).
+        lone = len(scheduler_output.num_scheduled_tokens) == 1
         meta.ssd_writes = (self.manager.take_ssd_deletes()
-                           + self.manager.take_ssd_writes(prefilling))
+                           + self.manager.take_ssd_writes(prefilling and lone))
         # Nothing scheduled: vLLM steps the engine only for HiState's SSD work.
         meta.idle = scheduler_output.total_num_scheduled_tokens == 0
         return meta
