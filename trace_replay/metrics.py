@@ -107,6 +107,12 @@ def request_classes(blocks: list[list[int]], sessions: list[str], order) -> list
     return out
 
 
+def cold_blocks(blocks: list[list[int]], classes) -> set[int]:
+    """The blocks of the `cold` requests (`request_classes`): a session's first prompts.
+    Block ids are chained, so every block of a cold request was first computed there."""
+    return {x for b, c in zip(blocks, classes) if c == "cold" for x in b}
+
+
 def recovery_losses(hit: np.ndarray, shared: np.ndarray, unlimited: np.ndarray,
                     mask: np.ndarray, blocks: list[list[int]], block_tokens: int,
                     first: set[int]) -> dict:
@@ -114,9 +120,7 @@ def recovery_losses(hit: np.ndarray, shared: np.ndarray, unlimited: np.ndarray,
     `lost_kv` (the policy no longer held the KV Unlimited reused), `lost_no_state` (it held
     the KV, but no state at or near the divergence: the gap to its deepest checkpoint), and
     of the latter `lost_no_state_first_segment`, where the divergence lies in one of the
-    blocks `first`: those of the `cold` requests (`request_classes`), a session's first
-    prompt (block ids are chained, so every block of a cold request was first computed
-    there)."""
+    blocks `first` (`cold_blocks`: a session's first prompts)."""
     ref = int(np.sum(unlimited[mask]))
     if not ref:
         return {}

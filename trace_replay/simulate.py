@@ -34,6 +34,7 @@ from .costmodel import (
 from .metrics import (
     REFERENCES,
     class_means,
+    cold_blocks,
     recovery_losses,
     request_classes,
     reuse_sensitive,
@@ -207,9 +208,7 @@ def report(prep: Prepared, policies: list[str], refs: list[str],
     sent = np.argsort(first.arrival, kind="stable")
     classes = np.array(request_classes(
         prep.replay.blocks, [r.session_id for r in reqs], sent), dtype=object)
-    # A session's first prompts: every block of a cold request was first computed there.
-    heads = ({x for b, c in zip(prep.replay.blocks, classes) if c == "cold" for x in b}
-             if mask is not None else set())
+    heads = cold_blocks(prep.replay.blocks, classes) if mask is not None else set()
     cost = prep.config.cost()
     out: dict = {
         "settings": {

@@ -71,15 +71,14 @@ def test_recovery_losses_split_what_unlimited_reused():
     """Three sensitive requests of 4-block prompts (B = 10): one restored whole, one whose
     KV was evicted past block 1, one with the KV held to block 3 but its deepest state at
     block 1, diverging inside a session's first prompt. The shares and recovery add to 1."""
-    from trace_replay.metrics import recovery_losses, request_classes
+    from trace_replay.metrics import cold_blocks, recovery_losses, request_classes
 
     B = 10
     blocks = [[1, 2, 3, 4],       # session a's first prompt
               [1, 2, 3, 4, 5],    # a's next turn
               [1, 2, 3, 9, 9],    # a rewrite: diverges after block 3 (of the first prompt)
               [1, 2, 3, 4, 5, 6]]  # another turn
-    classes = request_classes(blocks, ["a"] * 4, [0, 1, 2, 3])
-    first = {x for b, c in zip(blocks, classes) if c == "cold" for x in b}
+    first = cold_blocks(blocks, request_classes(blocks, ["a"] * 4, [0, 1, 2, 3]))
     assert first == {1, 2, 3, 4}
     unl = np.array([0, 40, 30, 50])
     hit = np.array([0, 40, 10, 10])
