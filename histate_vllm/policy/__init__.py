@@ -33,6 +33,8 @@ def make_policy(
     state_groups: Sequence[int] | None = None,
     learn_min_tokens: int = 512,
     max_intermediate: int = 16,
+    chunk_tokens: int | None = None,
+    step_cost_tokens: float = 0.0,
     record: str | None = "",
     **options,
 ) -> PolicyCore:
@@ -45,6 +47,9 @@ def make_policy(
         group has been seen no position is restorable. Attention-only model: state_groups=[].
     learn_min_tokens: a learned boundary needs a cached prefix this far past the restore point.
     max_intermediate: cap on interval checkpoints per request (required ones always kept).
+    chunk_tokens / step_cost_tokens: the engine's prefill chunk and the fixed cost of one more
+        engine step in tokens of prefill; with both, checkpoints prefer the chunk ends the
+        engine takes anyway (policy/chunk_grid.py). Unset: placed as if chunk ends were free.
     record: a file to record every call into (replay with record.replay); default: the
         HISTATE_POLICY_RECORD environment variable, if set.
     options: histate only: tau (s, GDS time scale; default: learned from reuse intervals),
@@ -66,7 +71,7 @@ def make_policy(
         kw = dict(name=name, budgets=budgets, block_tokens=block_tokens, interval=interval,
                   identity=identity, kv_groups=kv_groups, state_groups=state_groups,
                   learn_min_tokens=learn_min_tokens, max_intermediate=max_intermediate,
-                  **options)
+                  chunk_tokens=chunk_tokens, step_cost_tokens=step_cost_tokens, **options)
         inner = make_policy(clock=clock, record=None, **kw)
         return Recorder(inner, record, kw)  # type: ignore[return-value]
     if interval == "adaptive":
@@ -76,7 +81,8 @@ def make_policy(
     else:
         raise ValueError(f"interval must be 'adaptive' or a positive int, got {interval!r}")
     model = IntervalModel(block_tokens, fixed=fixed)
-    planner = CapturePlanner(block_tokens, model, learn_min_tokens, max_intermediate)
+    planner = CapturePlanner(block_tokens, model, learn_min_tokens, max_intermediate,
+                             chunk_tokens, step_cost_tokens)
     budgets = dict(budgets or {})
     if name == "lru":
         return LRUPolicy(budgets, planner, clock, identity=identity, kv_groups=kv_groups,

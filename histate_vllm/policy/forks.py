@@ -19,6 +19,8 @@ from collections import deque
 
 import numpy as np
 
+from .chunk_grid import prior
+
 
 class ForkDepths:
     def __init__(self, window: int = 512):
@@ -55,11 +57,7 @@ def place(start: int, end: int, k: int, grid: list[int], observed: list[int],
     bt = block_tokens
     nblocks = (end - start) // bt
     stride = max(1, -(-nblocks // _MAX_SAMPLES))
-    uni = np.arange(start + bt, end + 1, bt * stride, dtype=np.float64)
-    obs, counts = np.unique(np.asarray(observed, dtype=np.float64), return_counts=True)
-    samples = np.concatenate([uni, obs])
-    weights = np.concatenate([np.full(len(uni), 0.5 / max(len(uni), 1)),
-                              counts * (0.5 / len(observed))])
+    samples, weights, _ = prior(start, end, bt, observed, _MAX_SAMPLES)
     aligned = {d // bt * bt for d in observed if start < d // bt * bt < end}
     if min_gain is None:
         cands = np.array(sorted({*grid, *aligned}), dtype=np.float64)

@@ -7,13 +7,17 @@ there, and a learned boundary (Gufo): the end of the longest cached prefix when 
 the new segment [start, prompt end), I* from `IntervalModel`, at most `max_intermediate` of
 them (thinned evenly); once internal hits were observed (forks.py: absolute depths, and
 forks a few blocks before the end of the context they left), re-chosen greedily under a
-mixture of the uniform prior and those depths, as many as pay for themselves. Every position is a multiple of the block size and > the resume point.
+mixture of the uniform prior and those depths, as many as pay for themselves; then, given
+the engine's prefill chunk, moved onto the chunk ends it takes anyway where the engine step
+that saves is worth more than the recomputation it adds (chunk_grid.py). Every position is
+a multiple of the block size and > the resume point.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .chunk_grid import on_chunk_grid, prior
 from .forks import ForkDepths, place
 from .interval import IntervalModel
 
@@ -33,12 +37,19 @@ class Plan:
 
 class CapturePlanner:
     def __init__(self, block_tokens: int, model: IntervalModel, learn_min_tokens: int = 512,
-                 max_intermediate: int = 16):
+                 max_intermediate: int = 16, chunk_tokens: int | None = None,
+                 step_cost_tokens: float = 0.0):
+        """chunk_tokens: the engine's prefill chunk (its step token budget); step_cost_tokens:
+        the fixed cost of one more engine step, in tokens of prefill. With both, intermediate
+        checkpoints move onto the chunk ends the engine takes anyway where that costs less
+        recomputation than the step it saves (chunk_grid.py)."""
         assert block_tokens > 0
         self.block_tokens = block_tokens
         self.model = model
         self.learn_min_tokens = learn_min_tokens
         self.max_intermediate = max_intermediate
+        self.chunk = (chunk_tokens // block_tokens * block_tokens) if chunk_tokens else 0
+        self.step_cost_tokens = step_cost_tokens
         self.forks: ForkDepths | None = ForkDepths()
 
     def prompt_end(self, num_prompt_tokens: int) -> int:
@@ -75,6 +86,7 @@ class CapturePlanner:
                 step = len(points) / self.max_intermediate
                 points = [points[int(i * step)] for i in range(self.max_intermediate)]
                 notes.append(f"intermediate points capped at {self.max_intermediate}")
+            observed: list[int] = []
             if self.forks is not None and self.model.fixed is None:
                 observed = self.forks.inside(start, end)
                 if observed:
@@ -85,6 +97,13 @@ class CapturePlanner:
                                    min_gain=0.5 * m.pressure * m.ns_tokens,
                                    k_max=self.max_intermediate)
                     notes.append(f"placed for {len(observed)} observed fork depths")
+            if self.chunk and self.step_cost_tokens > 0 and self.model.fixed is None:
+                snapped = on_chunk_grid(points, list(labels), start, end, self.chunk,
+                                        self.step_cost_tokens, prior(start, end, bt, observed))
+                if snapped != points:
+                    notes.append(f"moved onto the {self.chunk}-token chunk grid: {points} -> "
+                                 f"{snapped}")
+                points = snapped
             for p in points:
                 labels.setdefault(p, INTERVAL)
         positions = sorted(labels)
