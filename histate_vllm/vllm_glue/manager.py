@@ -28,7 +28,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from histate_vllm.bookkeeping.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.bookkeeping.resumable import ResumableView
-from histate_vllm.config import HiStateConfig
+from histate_vllm.config import CPU_STEP_COST_TOKENS, HiStateConfig
 from histate_vllm.policy import Tier, make_policy
 from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots, ssd_payload_budget
 from histate_vllm.vllm_glue.observer import Observer
@@ -44,6 +44,13 @@ logger = init_logger(f"vllm.{__name__}")
 _MEDIUM = {Tier.DRAM: Medium.CPU, Tier.SSD: Medium.STORAGE}  # under vllm: its log level and format apply
 
 
+def step_cost_tokens(config: HiStateConfig) -> int:
+    """What one more prefill step costs here, in tokens of prefill (config.step_cost_tokens)."""
+    if config.step_cost_tokens is not None:
+        return config.step_cost_tokens
+    return CPU_STEP_COST_TOKENS if current_platform.is_cpu() else 0
+
+
 class HiStateManager(OffloadingManager):
     def __init__(
         self,
@@ -54,12 +61,16 @@ class HiStateManager(OffloadingManager):
         store=None,
         enable_events: bool = False,
         step_tokens: int | None = None,
+        chunk_tokens: int | None = None,
         store_index=None,
         store_lock=None,
         ranks: int = 1,
     ):
         """step_tokens: most tokens one engine step prefills (vLLM's max_num_batched_tokens);
         the policy keeps that many blocks of DRAM free for copies moving to SSD.
+        chunk_tokens: the longest prefill chunk one step runs (step_tokens, or vLLM's
+        long_prefill_token_threshold below it): the planner prefers the chunk ends vLLM
+        takes anyway (policy/chunk_grid.py), each other one costing step_cost_tokens(config).
         store_index: what `store.startup.open_for_engine` found (scanned here if None);
         store_lock: its lock, held as long as this manager lives.
         ranks: workers sharing config.dram_bytes (see layout.dram_slots)."""
@@ -91,6 +102,8 @@ class HiStateManager(OffloadingManager):
             interval=config.interval,
             kv_groups=layout.kv_group_ids,
             state_groups=sorted(layout.state_group_ids),
+            chunk_tokens=chunk_tokens or step_tokens,
+            step_cost_tokens=step_cost_tokens(config),
             **({"keep_backups": True} if config.ssd_mirror else {}),
         )
         # KV cache events: where a request can resume, per tier (bookkeeping/resumable.py).

@@ -34,9 +34,11 @@ class HiStateSpec(OffloadingSpec):
         max_model_len: int,
         step_tokens: int | None = None,
         store_root: str | None = None,
+        chunk_tokens: int | None = None,
     ):
         """store_root: where this engine's stores live (ssd_dir, or a data-parallel
-        rank's directory in it); None without an SSD tier."""
+        rank's directory in it); None without an SSD tier. chunk_tokens: the longest
+        prefill chunk one step runs (see HiStateManager)."""
         super().__init__(config)
         if self.blocks_per_chunk != 1:
             raise ValueError("HiStateConnector offloads one vLLM block per key")
@@ -45,6 +47,7 @@ class HiStateSpec(OffloadingSpec):
         self.identity = identity
         self.max_model_len = max_model_len
         self.step_tokens = step_tokens
+        self.chunk_tokens = chunk_tokens
         self.store_root = store_root
         self._manager = None
         self._worker = None
@@ -118,6 +121,7 @@ class HiStateSpec(OffloadingSpec):
                 store_lock=lock,
                 enable_events=self.kv_events_config.enable_kv_cache_events,
                 step_tokens=self.step_tokens,
+                chunk_tokens=self.chunk_tokens,
                 ranks=self.ranks,
             )
         return self._manager

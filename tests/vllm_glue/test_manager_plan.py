@@ -1,0 +1,53 @@
+"""The manager plans checkpoints on the chunk ends vLLM takes anyway where a step costs."""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.platforms import current_platform  # noqa: E402
+
+from histate_vllm.config import CPU_STEP_COST_TOKENS, HiStateConfig  # noqa: E402
+from histate_vllm.policy.chunk_grid import extra_steps  # noqa: E402
+from histate_vllm.vllm_glue.layout import CacheLayout  # noqa: E402
+from histate_vllm.vllm_glue.manager import HiStateManager, step_cost_tokens  # noqa: E402
+
+BT = 384
+KEY = 1000
+LAYOUT = CacheLayout(group_ids=(0, 1), state_group_ids=frozenset({1}), key_bytes=KEY,
+                     block_tokens=BT)
+
+
+class Req:
+    def __init__(self, rid, n):
+        self.request_id, self.num_prompt_tokens = rid, n
+        self.block_hashes = [rid.encode() + i.to_bytes(31, "big") for i in range(n // BT)]
+        self.prompt_token_ids = list(range(n))
+
+
+def plan(step_cost, n=3000, chunk=2048):
+    cfg = HiStateConfig.from_extra_config({"dram_bytes": 100 * KEY,
+                                           "step_cost_tokens": step_cost})
+    m = HiStateManager(LAYOUT, cfg, tokens_per_hash=BT, max_model_len=1 << 16,
+                       step_tokens=chunk, chunk_tokens=chunk)
+    r = Req("r", n)
+    m.register_request(r)
+    m.note_hit(r, 0, 0, None)
+    return m.capture_positions(r)
+
+
+def test_a_cold_prompt_keeps_vllms_steps_where_a_step_costs():
+    """3,000 tokens, 2,048-token steps: vLLM ends chunks at 1,920, 2,688 and 3,000. A free
+    chunk end leaves the interval checkpoint at I* (2,304: a fourth step); a priced one
+    moves it to 1,920."""
+    end = 3000 // BT * BT
+    free = plan(0)
+    assert extra_steps([p for p in free if p < end], 0, end, 1920) == 1
+    priced = plan(CPU_STEP_COST_TOKENS)
+    assert priced[-1] == end and len(priced) == len(free)
+    assert extra_steps([p for p in priced if p < end], 0, end, 1920) == 0
+
+
+def test_the_default_is_the_platforms():
+    want = CPU_STEP_COST_TOKENS if current_platform.is_cpu() else 0
+    assert step_cost_tokens(HiStateConfig(dram_bytes=1)) == want
+    assert step_cost_tokens(HiStateConfig(dram_bytes=1, step_cost_tokens=7)) == 7
