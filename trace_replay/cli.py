@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="charged (default): SSD writes share the drive with restores through "
                         "the engine's bounded write queue, which drops what does not fit; "
                         "free: instant and never dropped (before issue 21)")
+    s.add_argument("--chunk-ends", choices=["free", "charged"], default="free",
+                   help="free (default): a checkpoint's extra prefill chunk end costs nothing "
+                        "(a split compute-bound chunk, under the roofline); charged: one more "
+                        "weight pass each (an upper bound), and HiState's planner knows it")
     s.add_argument("--ssd-queue-mib", type=_mib_or_none, dest="ssd_queue_bytes",
                    default=DEFAULT_SSD_QUEUE_BYTES,
                    help="bound on queued SSD writes, MiB, or 'none' (default: the "
@@ -220,6 +224,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         model=a.model, device=a.device, gpu_bytes=a.gpu_bytes, dram_bytes=a.dram_bytes,
         ssd_bytes=a.ssd_bytes, block_tokens=a.block_tokens, chunk_tokens=a.chunk_tokens,
         mfu=a.mfu, core_options=_options(a.histate_option), ssd_writes=a.ssd_writes,
+        chunk_ends=a.chunk_ends,
         ssd_queue_bytes=a.ssd_queue_bytes, ssd_write_bw=a.ssd_write_gbps * 1e9
         if a.ssd_write_gbps else None,
         replay=ReplaySettings(concurrency=a.concurrency, seed=a.seed, ramp=ramp,

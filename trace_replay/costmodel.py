@@ -14,7 +14,8 @@ sustained rate = peak dense BF16 × MFU.
 Restore (HiState paper eq. 2): T = X_dram / B_h2d + X_ssd / B_ssd + X_ssd / B_h2d.
 
 Decode: one step streams the active weights from HBM: tpot = active weight bytes / (HBM
-bandwidth × 0.7); a prefill takes at least one such step. Decode only paces the closed loop
+bandwidth × 0.7); a prefill takes at least one such step, and each chunk end a checkpoint
+adds beyond vLLM's own split costs one more (`step_cost_tokens`). Decode only paces the closed loop
 (it is never part of TTFT).
 """
 
@@ -195,6 +196,13 @@ class CostModel:
     def prefill_time(self, start: int, end: int) -> float:
         """Seconds from the start of the prefill to the first token (at least one step)."""
         return max(self.prefill_flops(start, end) / self._rate, self.tpot)
+
+    @property
+    def step_cost_tokens(self) -> float:
+        """One more engine step (a prefill chunk end vLLM would not take), in tokens of
+        prefill: a step's fixed cost is one pass over the weights (tpot, the floor of any
+        step here), against the per-token matmul and recurrence FLOPs."""
+        return self.tpot * self._rate / (self._lin + self._gdn)
 
     def load_time(self, dram_bytes: float, ssd_bytes: float) -> float:
         """One restore alone: the SSD read, then every byte over the host-to-device link."""

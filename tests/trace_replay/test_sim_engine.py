@@ -17,6 +17,23 @@ def test_ttft_includes_queueing_behind_other_prefills():
     assert sorted(res.ttft) == pytest.approx([t, 2 * t])
 
 
+def test_charged_chunk_ends_cost_a_step_each():
+    """One cold 30K-token prompt, HiState planning checkpoints inside it: free, its TTFT is
+    the prefill alone; charged, each chunk end the plan adds to vLLM's 8,192-token split
+    costs one weight pass (the planner, told that price, keeps some: they pay for it)."""
+    wl = workload(SessionBuilder("A").turn(30_000))
+    cost = SimConfig().cost()
+    prep, free = run(wl, "histate", gpu=4 * GiB, dram=4 * GiB, chunk=8192)
+    assert free.stats["chunk_ends_added"] == 0 and prep.ctx_args["step_cost_tokens"] == 0
+    assert free.ttft[0] == pytest.approx(cost.prefill_time(0, 30_000))
+    prep, charged = run(wl, "histate", gpu=4 * GiB, dram=4 * GiB, chunk=8192,
+                        chunk_ends="charged")
+    added = charged.stats["chunk_ends_added"]
+    assert added >= 1 and prep.ctx_args["step_cost_tokens"] == pytest.approx(
+        cost.step_cost_tokens)
+    assert charged.ttft[0] == pytest.approx(cost.prefill_time(0, 30_000) + added * cost.tpot)
+
+
 def test_closed_loop_think_time_and_decode():
     wl = workload(SessionBuilder("A").turn(1000, out=101).turn(100, think=30.0, out=5))
     _, res = run(wl, "vllm-marconi", gpu=4 * GiB)

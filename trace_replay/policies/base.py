@@ -33,6 +33,9 @@ class PolicyContext:
     ssd_bytes: int
     chunk_tokens: int  # prefill chunk (vLLM max_num_batched_tokens / SGLang chunked prefill)
     clock: Callable[[], float]
+    # One more prefill step in tokens of prefill (CostModel.step_cost_tokens) where the
+    # simulator charges chunk ends; 0 where they are free. HiState's planner is told it.
+    step_cost_tokens: float = 0.0
     # Options for HiState's policy core (`make_policy(..., **options)`: tau, terminal_alpha,
     # terminal_reuse, ...): sensitivity runs; the defaults are what the connector ships.
     core_options: dict = field(default_factory=dict)

@@ -66,6 +66,8 @@ class CoreAdapter(SimPolicy):
             clock=ctx.clock,
             kv_groups=[KV_GROUP],
             state_groups=[STATE_GROUP],
+            chunk_tokens=ctx.chunk_tokens,
+            step_cost_tokens=ctx.step_cost_tokens,
             **options,
         )
         self.orch = Orchestrator(

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from histate_vllm.policy.chunk_grid import extra_steps
+
 from ..costmodel import CostModel
 from msgspec.structs import replace as replace_struct
 
@@ -202,10 +204,12 @@ def drive_stats(drive: Drive) -> dict:
 
 class Simulator:
     def __init__(self, replay: Replay, cost: CostModel, policy: SimPolicy, clock: SimClock,
-                 drive: Drive | None = None, chunk_tokens: int | None = None):
+                 drive: Drive | None = None, chunk_tokens: int | None = None,
+                 charge_chunk_ends: bool = False):
         """drive: the SSD shared with the policy (its `ctx.drive`); None: a drive of the
         device's bandwidth whose writes are free. chunk_tokens: prefill chunk (a vLLM step),
-        default the device's."""
+        default the device's. charge_chunk_ends: each prefill chunk end a request's
+        checkpoints add beyond vLLM's split costs one more step (tpot)."""
         self.r = replay
         self.cost = cost
         self.policy = policy
@@ -213,6 +217,18 @@ class Simulator:
         bw = cost.device.ssd_bw
         self.drive = drive or Drive(bw, bw, queue_bytes=None, charge_writes=False)
         self.chunk_tokens = chunk_tokens or cost.device.chunk_tokens
+        self.charge_chunk_ends = charge_chunk_ends
+        self.extra_steps = 0
+
+    def forced_steps(self, job: Job) -> int:
+        """Steps the request's checkpoints add to vLLM's split of its prefill: each one
+        ends a chunk (vLLM saves states only there) and restarts the chunk grid."""
+        B = job.block_tokens
+        chunk = max(B, self.chunk_tokens // B * B)
+        start, end = job.resume // B * B, job.prompt_end
+        if end <= start:
+            return 0
+        return extra_steps([c for c in job.captures if start < c < end], start, end, chunk)
 
     def step_ends(self, job: Job) -> list[int]:
         """Blocks computed by the end of each prefill chunk but the last (vLLM's steps
@@ -331,6 +347,10 @@ class Simulator:
                 s, k, job = payload
                 policy.loaded(job)
                 work = cost.prefill_time(job.resume, job.input_tokens)
+                if self.charge_chunk_ends:
+                    forced = self.forced_steps(job)
+                    self.extra_steps += forced
+                    work += forced * cost.tpot
                 # The share of the prefill done when each step ends (by FLOPs).
                 total = cost.prefill_flops(job.resume, job.input_tokens)
                 ends = self.step_ends(job)
@@ -380,5 +400,6 @@ class Simulator:
             policy=policy.name, ttft=ttft, hit=hit, gpu_hit=gpu_hit, shared=shared_kv,
             dram_bytes=dram,
             ssd_bytes=ssd, arrival=arrival, makespan=makespan,
-            wall_s=time.perf_counter() - t0, stats={**policy.stats(), **drive_stats(drive)},
+            wall_s=time.perf_counter() - t0, stats={**policy.stats(), **drive_stats(drive),
+                   "chunk_ends_added": self.extra_steps},
         )
