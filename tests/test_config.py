@@ -21,7 +21,7 @@ def test_minimal_and_full():
     assert not HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_fsync": False}).ssd_fsync
     assert cfg.step_cost_tokens == 0  # chunk ends priced as free
     assert HiStateConfig.from_extra_config(
-        {"dram_bytes": 1, "step_cost_tokens": 0}).step_cost_tokens == 0
+        {"dram_bytes": 1, "step_cost_tokens": 256}).step_cost_tokens == 256
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ Restore (HiState paper eq. 2): T = X_dram / B_h2d + X_ssd / B_ssd + X_ssd / B_h2
 
 Decode: one step streams the active weights from HBM: tpot = active weight bytes / (HBM
 bandwidth × 0.7); a prefill takes at least one such step, and each chunk end a checkpoint
-adds beyond vLLM's own split costs one more (`step_cost_tokens`). Decode only paces the closed loop
-(it is never part of TTFT).
+adds beyond vLLM's own split costs one more (`step_cost_tokens`) where the simulator charges
+them. Decode only paces the closed loop (it is never part of TTFT).
 """
 
 from __future__ import annotations

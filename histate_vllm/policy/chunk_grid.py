@@ -7,29 +7,13 @@ costs one more engine step (its fixed cost, `step_cost` tokens of prefill); on i
 `on_chunk_grid` walks the intermediate checkpoints left to right and keeps each off-grid one
 or moves it to the chunk end before or after it, whichever gives the lowest expected
 recomputation + extra steps under the planner's prior (the uniform one, mixed with observed
-fork depths when there are any). How many checkpoints there are stays the planner's choice.
+fork depths when there are any: forks.prior). How many checkpoints there are stays the
+planner's choice.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-
-def prior(start: int, end: int, block_tokens: int, observed: list[int],
-          max_samples: int = 512) -> tuple[np.ndarray, np.ndarray, float]:
-    """(samples, weights, u): where internal hits land in (start, end] and how likely each
-    is; u is the uniform share (1 without observed depths, else 1/2)."""
-    bt = block_tokens
-    nblocks = (end - start) // bt
-    stride = max(1, -(-nblocks // max_samples))
-    uni = np.arange(start + bt, end + 1, bt * stride, dtype=np.float64)
-    if not observed:
-        return uni, np.full(len(uni), 1.0 / max(len(uni), 1)), 1.0
-    obs, counts = np.unique(np.asarray(observed, dtype=np.float64), return_counts=True)
-    samples = np.concatenate([uni, obs])
-    weights = np.concatenate([np.full(len(uni), 0.5 / max(len(uni), 1)),
-                              counts * (0.5 / len(observed))])
-    return samples, weights, 0.5
 
 
 def expected_recompute(points: list[int], start: int, samples: np.ndarray,

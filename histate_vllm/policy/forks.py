@@ -19,8 +19,6 @@ from collections import deque
 
 import numpy as np
 
-from .chunk_grid import prior
-
 
 class ForkDepths:
     def __init__(self, window: int = 512):
@@ -41,6 +39,31 @@ class ForkDepths:
         return out
 
 
+# Uniform-prior samples (and candidate positions) per segment: a finer grid adds nothing to
+# a placement that is itself block-aligned, and bounds the work for small vLLM blocks.
+_MAX_SAMPLES = 512
+
+
+def _stride(start: int, end: int, block_tokens: int) -> int:
+    """Blocks between samples (and candidates): at most _MAX_SAMPLES per segment."""
+    return max(1, -(-((end - start) // block_tokens) // _MAX_SAMPLES))
+
+
+def prior(start: int, end: int, block_tokens: int, observed: list[int]
+          ) -> tuple[np.ndarray, np.ndarray, float]:
+    """(samples, weights, u): where internal hits land in (start, end] and how likely each
+    is; u is the uniform share (1 without observed depths, else 1/2)."""
+    bt = block_tokens
+    uni = np.arange(start + bt, end + 1, bt * _stride(start, end, bt), dtype=np.float64)
+    if not observed:
+        return uni, np.full(len(uni), 1.0 / max(len(uni), 1)), 1.0
+    obs, counts = np.unique(np.asarray(observed, dtype=np.float64), return_counts=True)
+    samples = np.concatenate([uni, obs])
+    weights = np.concatenate([np.full(len(uni), 0.5 / max(len(uni), 1)),
+                              counts * (0.5 / len(observed))])
+    return samples, weights, 0.5
+
+
 def place(start: int, end: int, k: int, grid: list[int], observed: list[int],
           block_tokens: int, min_gain: float | None = None, k_max: int | None = None
           ) -> list[int]:
@@ -55,9 +78,8 @@ def place(start: int, end: int, k: int, grid: list[int], observed: list[int],
     if not observed or (k <= 0 and min_gain is None):
         return grid
     bt = block_tokens
-    nblocks = (end - start) // bt
-    stride = max(1, -(-nblocks // _MAX_SAMPLES))
-    samples, weights, _ = prior(start, end, bt, observed, _MAX_SAMPLES)
+    stride = _stride(start, end, bt)
+    samples, weights, _ = prior(start, end, bt, observed)
     aligned = {d // bt * bt for d in observed if start < d // bt * bt < end}
     if min_gain is None:
         cands = np.array(sorted({*grid, *aligned}), dtype=np.float64)
@@ -84,8 +106,3 @@ def place(start: int, end: int, k: int, grid: list[int], observed: list[int],
         sel = (samples >= c) & (floor < c)
         floor[sel] = c
     return sorted(chosen)
-
-
-# Uniform-prior samples (and candidate positions) per segment: a finer grid adds nothing to
-# a placement that is itself block-aligned, and bounds the work for small vLLM blocks.
-_MAX_SAMPLES = 512

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .chunk_grid import on_chunk_grid, prior
-from .forks import ForkDepths, place
+from .chunk_grid import on_chunk_grid
+from .forks import ForkDepths, place, prior
 from .interval import IntervalModel
 
 PROMPT_END = "prompt_end"

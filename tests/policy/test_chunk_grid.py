@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from histate_vllm.policy import IntervalModel
-from histate_vllm.policy.chunk_grid import (
-    expected_recompute, extra_steps, on_chunk_grid, prior)
+from histate_vllm.policy.chunk_grid import expected_recompute, extra_steps, on_chunk_grid
+from histate_vllm.policy.forks import prior
 from histate_vllm.policy.planner import CapturePlanner
 
 BT = 384
