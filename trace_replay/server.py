@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from histate_vllm.vllm_glue.rpc_dir import private_rpc_dir
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -58,8 +60,9 @@ def local_server(model: str, log: Path, *, args: Sequence[str] = (),
     if connector is not None:
         cmd += ["--kv-transfer-config", json.dumps(connector)]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    with serving(cmd, log, f"http://127.0.0.1:{port}", what="server", env=env, cwd=cwd,
-                 startup_timeout=startup_timeout) as url:
+    with private_rpc_dir(env) as rpc, serving(
+            cmd, log, f"http://127.0.0.1:{port}", what="server", env={**env, **rpc}, cwd=cwd,
+            startup_timeout=startup_timeout) as url:
         yield url
 
 

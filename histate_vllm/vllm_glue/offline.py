@@ -102,13 +102,16 @@ def run_engine(spec: dict, out_path: str | None = None, *, timeout: float = 1800
     import tempfile
     import threading
 
-    with tempfile.TemporaryDirectory() as tmp:
+    from histate_vllm.vllm_glue.rpc_dir import private_rpc_dir
+
+    with tempfile.TemporaryDirectory() as tmp, private_rpc_dir(os.environ) as rpc:
         spec_path = os.path.join(tmp, "spec.json")
         out_path = out_path or os.path.join(tmp, "out.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                   HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+                   HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
+                   **rpc)
         proc = subprocess.Popen(
             [sys.executable, "-m", "histate_vllm.vllm_glue.offline", spec_path, out_path],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
