@@ -229,6 +229,11 @@ class StoreWriter:
         with self._cv:
             return self._done.wait_for(lambda: not self._queue and not self._running, timeout)
 
+    def idle(self) -> bool:
+        """Nothing queued or running, and every completion drained."""
+        with self._cv:
+            return not (self._queue or self._running or self._finished)
+
     def wait_finished(self, timeout: float) -> bool:
         """Block until a completion waits in drain_finished(), nothing is queued or
         running, or `timeout` passed; True unless it timed out."""

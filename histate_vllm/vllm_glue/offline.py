@@ -10,6 +10,8 @@ tokens its blocks hold (it depends on the machine: 256 or 384 for the tiny model
 {"name", "batch": [request, ...]} sends its requests together. Instead of "prompt", "parts":
 [{"seed", "blocks", "tokens"}, ...] builds one from whole KV blocks of the engine (or of
 "prompt_block_size", so an engine with other blocks gets the same prompts).
+Any request may say "settle": true: before it (a flood: before its first prompt) the runner
+waits until the connector's SSD writes have landed, as after a user's pause.
 "warmup": N runs two untimed N-token prompts first (N above the chunk size), so the first
 timed turn does not pay for the engine's warm-up. OUT: the engine's block size and block count, and per request the
 cached tokens vLLM reports (and of those, the GPU's and the connector's per tier), greedy
@@ -205,6 +207,24 @@ def _with_prompt(req: dict, block_size: int) -> dict:
     return req
 
 
+def _settle(llm, name: str, timeout: float = 300.0, polls: int = 3) -> None:
+    """Wait until the connector's SSD writes have landed and the scheduler knows (a
+    request's `"settle": true`): a user's next turn after the server went quiet, so that
+    what a test expects of the tiers does not depend on how fast this machine's disk is
+    today. `polls` quiet answers in a row: the engine hands staged writes to the workers
+    at its next step, which comes at once while it has pending work."""
+    from histate_vllm.vllm_glue.worker import ssd_settled
+
+    t0, quiet = time.perf_counter(), 0
+    while quiet < polls:
+        quiet = quiet + 1 if all(llm.collective_rpc(ssd_settled)) else 0
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"HiState's SSD writes did not settle in {timeout:.0f} s "
+                               f"before {name}")
+        time.sleep(0.05)
+    print(f"[runner] settled before {name} in {time.perf_counter() - t0:.2f} s", flush=True)
+
+
 def expand_requests(requests: list[dict], layout: dict, block_size: int | None = None
                     ) -> list[dict]:
     """Requests with their prompts: floods sized from the engine's capacity, `parts`
@@ -216,9 +236,11 @@ def expand_requests(requests: list[dict], layout: dict, block_size: int | None =
             out.append(_with_prompt(req, block_size or layout["block_size"]))
             continue
         total = int(req["flood"] * capacity)
-        for name, prompt in flood_prompts(req["name"], total, req.get("prompt_tokens", 3000)):
+        prompts = flood_prompts(req["name"], total, req.get("prompt_tokens", 3000))
+        for i, (name, prompt) in enumerate(prompts):
+            # `settle` waits before the flood's first prompt only.
             out.append(dict(name=name, prompt=prompt, max_tokens=req.get("max_tokens", 4),
-                            flood=req["name"]))
+                            flood=req["name"], settle=bool(req.get("settle")) and i == 0))
     return out
 
 
@@ -226,6 +248,10 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.update(spec.get("env", {}))  # before vllm reads its environment
+    if any(r.get("settle") for r in spec["requests"]):
+        # `_settle` sends a function to the workers (collective_rpc), which vLLM's msgpack
+        # channel to its own engine core passes only as a pickle. Local processes only.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     if spec.get("log_level"):
         os.environ["VLLM_LOGGING_LEVEL"] = spec["log_level"]
     from vllm import LLM, SamplingParams
@@ -280,6 +306,8 @@ def main(spec_path: str, out_path: str) -> None:
     threads_start = engine_threads()  # after warm-up: the timed requests' CPU is the difference
     results = []
     for req in expand_requests(spec["requests"], layout, spec.get("prompt_block_size")):
+        if req.get("settle"):
+            _settle(llm, req["name"])
         # A batch: its requests go to the engine together (they queue, and a restore can
         # find other requests' prefills and loads in flight); one at a time otherwise.
         batch = req.get("batch") or [req]

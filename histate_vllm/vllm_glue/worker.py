@@ -275,6 +275,13 @@ class HiStateWorker(OffloadingWorker):
         else:
             self.writer.wait_finished(timeout)
 
+    def ssd_settled(self) -> bool:
+        """No SSD operation waits here or in the writer, and every outcome went to the
+        scheduler (`ssd_written`, cleared when a step reports it)."""
+        if self.writer is None:
+            return True
+        return not (self._ssd_queue or self.ssd_written or self.ssd_lost) and self.writer.idle()
+
     def poll_ssd(self) -> None:
         if self.writer is None:
             return
@@ -372,6 +379,18 @@ class HiStateWorker(OffloadingWorker):
             self._retired.append((self._staging, self._ring_loads))
             self._staging, self._ring_loads = None, []
         self._close_retired_rings()  # a ring a hung read may still write stays registered
+
+
+def ssd_settled(_vllm_worker=None) -> bool:
+    """In a worker process (vLLM's `collective_rpc`): whether this rank's SSD work is
+    done (`HiStateWorker.ssd_settled`); True without a HiState connector."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return True
+    side = getattr(get_kv_transfer_group(), "connector_worker", None)
+    worker = getattr(side, "worker", None)
+    return not isinstance(worker, HiStateWorker) or worker.ssd_settled()
 
 
 def _deleter(d: SSDDelete):

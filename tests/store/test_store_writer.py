@@ -257,3 +257,19 @@ def test_wait_finished_returns_when_a_write_lands_not_before(gated):
     assert w.wait_finished(10)
     assert outcomes(w) == [(C0, True, "")]
     w.close()
+
+
+def test_idle_only_once_every_outcome_is_drained(gated):
+    """The offline runner's `settle` waits on this: a write queued, running, or landed but
+    not yet reported to the scheduler is SSD work still going on."""
+    w = StoreWriter(gated, max_pending_bytes=1 << 20)
+    assert w.idle()
+    w.submit_chunk(C0, make_payload(10, 0), provenance="p")
+    assert gated.started.wait(10)
+    assert not w.idle()  # running
+    gated.gate.set()
+    assert w.flush(timeout=10)
+    assert not w.idle()  # landed, its outcome not drained
+    assert outcomes(w) == [(C0, True, "")]
+    assert w.idle()
+    w.close()
