@@ -207,6 +207,14 @@ def _with_prompt(req: dict, block_size: int) -> dict:
     return req
 
 
+def _core_times(metrics) -> dict[str, float]:
+    queued, scheduled, first = (getattr(metrics, k, 0.0) or 0.0
+                                for k in ("queued_ts", "scheduled_ts", "first_token_ts"))
+    if not (queued and scheduled and first):
+        return {}
+    return dict(queued_s=scheduled - queued, prefill_s=first - scheduled)
+
+
 def _settle(llm, name: str, timeout: float = 300.0, polls: int = 3) -> None:
     """Wait until the connector's SSD writes have landed and the scheduler knows (a
     request's `"settle": true`): a user's next turn after the server went quiet, so that
@@ -350,6 +358,9 @@ def main(spec_path: str, out_path: str) -> None:
                     top_logprobs=[{str(t): v.logprob for t, v in lp.items()}
                                   for lp in completion.logprobs],
                     ttft=ttft,
+                    # Of it, in the engine core (its clock): waiting to be scheduled (a
+                    # lookup or load in flight), and scheduled until the first token.
+                    **_core_times(metrics),
                     wall=wall,
                     **({"flood": req["flood"]} if "flood" in req else {}),
                     **({"batch": req["name"]} if len(batch) > 1 else {}),

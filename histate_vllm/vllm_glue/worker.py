@@ -48,7 +48,7 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
-from histate_vllm.datapath.copier import PageCopier
+from histate_vllm.datapath.copier import PageCopier, host_swap_blocks_batch
 from histate_vllm.datapath.hostmem import HostRows
 from histate_vllm.datapath.pages import group_views
 from histate_vllm.datapath.ssd_load import SSDLoad, restore
@@ -74,7 +74,10 @@ logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format
 
 
 def _vllm_swap_op(device: torch.device):
-    """vLLM's batched page copy (`swap_blocks_batch`) on a GPU where vLLM built it."""
+    """vLLM's batched page copy (`swap_blocks_batch`) on a GPU where vLLM built it; its
+    memmove twin on a CPU (one call per page, in the step, as vLLM's would be)."""
+    if device.type == "cpu":
+        return host_swap_blocks_batch
     if device.type != "cuda":
         return None
     try:

@@ -1,9 +1,8 @@
 """PageCopier on a CPU (no vllm): every layer of every key copied to host rows and back,
-with the kernels and with the swap path, whose descriptors are checked with memmove."""
+with the kernels and with the swap path (on a CPU the worker's: one memmove per page)."""
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
 from store_helpers import make_payload  # noqa: E402
 
-from histate_vllm.datapath.copier import PageCopier  # noqa: E402
+from histate_vllm.datapath.copier import PageCopier, host_swap_blocks_batch  # noqa: E402
 
 NUM_BLOCKS = 16
 # Two layers per key, of different sizes; the second cache has padding after each page.
@@ -31,11 +30,6 @@ def fill_block(caches, block: int, payload: np.ndarray) -> None:
     caches[1][block] = torch.from_numpy(payload[PAGES[0]:].view(np.int8))
 
 
-def memmove_batch(src, dst, sizes, is_src_access_order_any=False):
-    for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist()):
-        ctypes.memmove(d, s, n)
-
-
 @pytest.mark.parametrize("backend", ["swap", "kernels", "staged"])
 def test_copier_moves_every_layer_of_every_key_both_ways(backend):
     """"staged" is the kernels path a GPU takes (through a device buffer and whole-row
@@ -44,7 +38,7 @@ def test_copier_moves_every_layer_of_every_key_both_ways(backend):
               torch.zeros((NUM_BLOCKS, PAGES[1] + 64), dtype=torch.int8)[:, :PAGES[1]]]
     groups = [[(caches[0], PAGES[0], 0), (caches[1], PAGES[1], PAGES[0])]]
     copier = PageCopier(groups, backend="swap" if backend == "swap" else "kernels",
-                        swap_fn=memmove_batch if backend == "swap" else None,
+                        swap_fn=host_swap_blocks_batch if backend == "swap" else None,
                         staged=backend == "staged")
     assert copier.backend == ("swap" if backend == "swap" else "kernels")
     rows = torch.zeros((6, KEY_BYTES), dtype=torch.int8)
@@ -106,3 +100,16 @@ def test_staged_copies_whole_padded_rows_in_runs_cut_at_registration_breaks():
 def test_swap_backend_needs_the_op():
     with pytest.raises(ValueError, match="swap_blocks_batch"):
         PageCopier([[(torch.zeros(2, 8, dtype=torch.int8), 8, 0)]], backend="swap")
+
+
+@pytest.mark.parametrize("to_host", [True, False])
+def test_swap_refuses_an_index_out_of_range_before_copying(to_host):
+    """The swap path copies by raw address: a bad block or row must raise, not write past
+    the cache or the DRAM pool (an index op would have raised by itself)."""
+    cache = torch.zeros((NUM_BLOCKS, 8), dtype=torch.int8)
+    rows = torch.zeros((4, 8), dtype=torch.int8)
+    copier = PageCopier([[(cache, 8, 0)]], swap_fn=host_swap_blocks_batch)
+    for blocks, row_idx in (([NUM_BLOCKS], [0]), ([0], [4]), ([-1], [0]), ([1, 2], [3, -1])):
+        with pytest.raises(IndexError, match="out of range"):
+            copier.batch([(0, blocks, row_idx)], rows, to_host=to_host)()
+    assert not cache.any() and not rows.any()
