@@ -267,3 +267,43 @@ def test_next_restore_never_refills_a_staging_row_still_being_copied(tmp_path):
     for i, b in enumerate([1, 2, 3, 4]):
         np.testing.assert_array_equal(key_bytes_of(caches, b), make_payload(KEY_BYTES, i))
     w.shutdown()
+
+
+class GatedWrites(SSDStore):
+    """Chunk writes wait at a gate: a writer busy with backups."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.gate = threading.Event()
+
+    def write_chunk(self, *a, **k):
+        self.gate.wait(30)
+        return super().write_chunk(*a, **k)
+
+
+def test_an_idle_step_waits_for_a_load_not_for_a_busy_writer(tmp_path):
+    """A request waiting for its SSD load is in steps with nothing scheduled; such a step
+    must return once the load's reads are done, not wait out its timeout on a write."""
+    store = GatedWrites(tmp_path, IDENTITY, budget_bytes=1 << 30)
+    key = make_key("ld")
+    store.gate.set()
+    store.write_chunk(key, make_payload(KEY_BYTES, "ld"), provenance="p")
+    store.gate.clear()
+    w, caches, (store_s, load_s), _ = make_worker(store)
+    fill_block(caches, 1, make_payload(KEY_BYTES, "bk"))
+    w.submit_store(1, gpu_spec([1]), HiStateStoreSpec(slots=[0]))
+    store_s.run()
+    w.submit_ssd_writes([SSDWrite(key=make_key("bk"), slot=0, is_state=False, position=256)])
+    assert finished(w) == [(1, True)]  # the store's copy; its SSD write now waits at the gate
+    w.submit_load(2, HiStateLoadSpec(slots=[-1], keys=[key], is_state=[False]), gpu_spec([5]))
+    t0 = time.perf_counter()
+    w.wait_idle(5.0)
+    assert time.perf_counter() - t0 < 2.5  # the read's time, not the 5 s timeout
+    load_s.run()
+    assert finished(w) == [(2, True)]
+    np.testing.assert_array_equal(key_bytes_of(caches, 5), make_payload(KEY_BYTES, "ld"))
+    t0 = time.perf_counter()
+    w.wait_idle(0.2)  # no load left: an idle step waits for the writer, up to its timeout
+    assert time.perf_counter() - t0 >= 0.15
+    store.gate.set()
+    w.shutdown()
