@@ -279,9 +279,9 @@ class HiStateWorker(OffloadingWorker):
         10-20 ms more than the read.)"""
         if self._copies:  # a DRAM load's or a store's copy: short, report it next step
             return
-        reads = [job.future for job in self._loads.values()
-                 if job.future is not None and not job.future.done()]
         if self._loads:
+            reads = [job.future for job in self._loads.values()
+                     if job.future is not None and not job.future.done()]
             if reads:
                 futures_wait(reads, timeout=timeout, return_when=FIRST_COMPLETED)
             return
