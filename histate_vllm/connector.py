@@ -19,6 +19,7 @@ outcomes (worker -> scheduler), plus failed restores, which vLLM then recomputes
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 from vllm.config import VllmConfig
@@ -51,6 +52,7 @@ from vllm.v1.outputs import KVConnectorOutput
 
 from histate_vllm.bookkeeping import rank_reports
 from histate_vllm.bookkeeping.restore_admission import Admission, evictable_blocks
+from histate_vllm.bookkeeping.step_cost import StepCost
 from histate_vllm.config import HiStateConfig
 from histate_vllm.vllm_glue.cpu_binding import check_worker_binding, place_worker_threads
 from histate_vllm.vllm_glue.identity import check_parallelism, store_identity, store_root
@@ -104,6 +106,12 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         # from its local lookup to the connector's lookup that follows it.
         self._own_evictable: dict[str, int] = {}
         self._kv_cache_manager_ref = None
+        # The price of a chunk end off vLLM's grid, measured from this engine's steps.
+        self._step_cost = None
+        if spec.histate.step_cost_tokens == "auto":
+            self._step_cost = StepCost(
+                spec.layout.block_tokens, min_tokens=spec.layout.block_tokens,
+                lag=1 if vllm_config.scheduler_config.async_scheduling else 0)
 
     def _keep_block_size(self) -> None:
         """Prefill chunks must end on KV blocks, or no recurrent state is ever saved.
@@ -293,6 +301,10 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         self._keep_block_size()
+        cost = self._step_cost
+        if cost is not None and cost.step(time.perf_counter(),
+                                          scheduler_output.total_num_scheduled_tokens):
+            self.manager.set_step_cost(cost.tokens, cost.fixed_s, cost.per_token_s)
         # Before vLLM advances num_computed_tokens: where this step's chunks end.
         prefilling = False
         for req_id, n in scheduler_output.num_scheduled_tokens.items():

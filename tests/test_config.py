@@ -19,7 +19,9 @@ def test_minimal_and_full():
     assert HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_mirror": True}).ssd_mirror
     assert cfg.ssd_fsync
     assert not HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_fsync": False}).ssd_fsync
-    assert cfg.step_cost_tokens == 0  # chunk ends priced as free
+    assert cfg.step_cost_tokens == "auto"  # chunk ends priced as measured
+    assert HiStateConfig.from_extra_config(
+        {"dram_bytes": 1, "step_cost_tokens": 0}).step_cost_tokens == 0
     assert HiStateConfig.from_extra_config(
         {"dram_bytes": 1, "step_cost_tokens": 256}).step_cost_tokens == 256
 
@@ -41,8 +43,9 @@ def test_minimal_and_full():
         ({"dram_bytes": 1, "ssd_mirror": "yes"}, "'ssd_mirror' must be true or false"),
         ({"dram_bytes": 1, "ssd_fsync": 0}, "'ssd_fsync' must be true or false"),
         ({"dram_bytes": 1, "ssd_mirror": True, "policy": "lru"}, "'ssd_mirror' applies"),
-        ({"dram_bytes": 1, "step_cost_tokens": -1}, "'step_cost_tokens' must be an integer"),
-        ({"dram_bytes": 1, "step_cost_tokens": 1.5}, "'step_cost_tokens' must be an integer"),
+        ({"dram_bytes": 1, "step_cost_tokens": -1}, "'step_cost_tokens' must be \"auto\" or"),
+        ({"dram_bytes": 1, "step_cost_tokens": 1.5}, "'step_cost_tokens' must be \"auto\" or"),
+        ({"dram_bytes": 1, "step_cost_tokens": "Auto"}, "'step_cost_tokens' must be \"auto\""),
     ],
 )
 def test_errors_name_the_key(extra, needle):

@@ -158,5 +158,10 @@ class PolicyCore(ABC):
     def observe_gpu(self, keys: Iterable[bytes], resident: bool) -> None:
         """Record that vLLM's GPU cache holds (or dropped) these keys. Optional."""
 
+    def set_step_cost(self, tokens: float) -> None:
+        """What one more engine step costs from now on, in tokens of prefill (the planner's
+        price of a chunk end off vLLM's grid; bookkeeping/step_cost.py measures it)."""
+        self.planner.step_cost_tokens = float(tokens)
+
     def check_invariants(self) -> None:
         """Recompute derived counters from scratch and assert they match. For tests."""

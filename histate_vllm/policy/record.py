@@ -15,7 +15,7 @@ from typing import Any
 _RECORDED = (
     "admit", "committed", "keep", "demotions", "pin", "unpin", "hit", "remove",
     "plan_captures", "restorable", "request_finished", "restore_resident", "set_budget",
-    "observe_gpu", "where",
+    "observe_gpu", "where", "set_step_cost",
 )
 
 

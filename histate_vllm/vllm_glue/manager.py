@@ -96,7 +96,9 @@ class HiStateManager(OffloadingManager):
             kv_groups=layout.kv_group_ids,
             state_groups=sorted(layout.state_group_ids),
             chunk_tokens=chunk_tokens or step_tokens,
-            step_cost_tokens=config.step_cost_tokens,
+            # "auto": one block until the connector has measured the engine's steps.
+            step_cost_tokens=(layout.block_tokens if config.step_cost_tokens == "auto"
+                              else config.step_cost_tokens),
             **({"keep_backups": True} if config.ssd_mirror else {}),
         )
         # KV cache events: where a request can resume, per tier (bookkeeping/resumable.py).
@@ -171,6 +173,13 @@ class HiStateManager(OffloadingManager):
             plan = self.orch.plan(request.request_id, self._block_hashes(request),
                                   request.num_prompt_tokens)
         return plan
+
+    def set_step_cost(self, tokens: float, fixed_s: float, per_token_s: float) -> None:
+        """The measured price of one more engine step (bookkeeping/step_cost.py)."""
+        self.policy.set_step_cost(tokens)
+        logger.info("HiState: an engine step costs %.1f ms + %.1f us per token here; a chunk "
+                    "end off vLLM's grid is priced at %.0f tokens", fixed_s * 1e3,
+                    per_token_s * 1e6, tokens)
 
     def live_request(self, request_id: str):
         return self._requests.get(request_id)

@@ -47,6 +47,19 @@ def test_a_cold_prompt_keeps_vllms_steps_where_a_step_costs():
     assert extra_steps([p for p in priced if p < end], 0, end, 1920) == 0
 
 
-def test_chunk_ends_are_free_by_default():
-    assert HiStateConfig(dram_bytes=1).step_cost_tokens == 0
-    assert plan(None) == plan(0)
+def test_chunk_ends_are_priced_by_default_one_block_until_measured():
+    assert HiStateConfig(dram_bytes=1).step_cost_tokens == "auto"
+    assert plan(None) == plan(BT)
+
+
+def test_a_measured_price_reaches_the_planner():
+    """The connector's measurement (set_step_cost) prices the next plans: free again
+    where the engine's steps cost nothing."""
+    cfg = HiStateConfig.from_extra_config({"dram_bytes": 100 * KEY})
+    m = HiStateManager(LAYOUT, cfg, tokens_per_hash=BT, max_model_len=1 << 16,
+                       step_tokens=2048, chunk_tokens=2048)
+    m.set_step_cost(0.0, 0.0, 1e-4)
+    r = Req("r", 3000)
+    m.register_request(r)
+    m.note_hit(r, 0, 0, None)
+    assert m.capture_positions(r) == plan(0)
