@@ -8,8 +8,13 @@ fresh prompts of the demo's size run through engines that differ in one thing at
   dram-small  HiState, --dram-mib of DRAM: every prompt evicts an older one
   dram-coarse `dram-small` with one checkpoint interval per prefill chunk (`interval` =
               max_num_batched_tokens rounded down to blocks): no chunk end beyond vLLM's
-  dram-grid   `dram-small` with chunk ends priced (`step_cost_tokens: 256`): its interval
-              checkpoints move onto vLLM's chunk grid where that pays (policy/chunk_grid.py)
+  dram-grid   `dram-small` with chunk ends priced at a fixed 256 tokens (`step_cost_tokens`;
+              the default, "auto", measures the engine's steps): its interval checkpoints
+              move onto vLLM's chunk grid where that pays (policy/chunk_grid.py)
+  dram-offgrid `dram-coarse` with the interval one block longer: one chunk end more than
+              vLLM's per prompt, the price `step_cost_tokens` weighs
+  dram-free   `dram-small` with chunk ends free (`step_cost_tokens: 0`, the default before
+              session 18): interval checkpoints where the interval model puts them
   shm         the same plus an SSD store on tmpfs (/dev/shm): the store's CPU, no disk
   ssd         the same with the store on disk (--dir): as users run it
   ssd-nosync  `ssd` without fsync (`ssd_fsync: false`): what the disk's sync work costs
@@ -56,6 +61,8 @@ def _variants(args, work: Path, block: int) -> dict[str, dict | None]:
         "dram-small": small,
         "dram-coarse": dict(small, interval=BATCH_TOKENS // block * block),
         "dram-grid": dict(small, step_cost_tokens=256),
+        "dram-free": dict(small, step_cost_tokens=0),
+        "dram-offgrid": dict(small, interval=BATCH_TOKENS // block * block + block),
         "shm": dict(small, ssd_dir="/dev/shm/histate-bench-cold/ssd", ssd_bytes=1024 * MiB),
         "ssd": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB),
         "ssd-nosync": dict(small, ssd_dir=str(work / "ssd"), ssd_bytes=1024 * MiB,
