@@ -10,7 +10,9 @@ sees every step once (`build_connector_meta`), and the time from one step to the
 that step's duration (with vLLM's async scheduling, the step before's: `lag`). Steps that
 prefill at least `min_tokens` are fitted to d = a + b·n with a Theil-Sen line (medians of
 pairwise slopes), so the idle gap before a request that arrives at a quiet engine, which
-lands on one step, does not move it. The price is a / b tokens, never below 0.
+lands on one step, does not move it. The price is a / b tokens, never below 0. A fit costs
+the engine core a few tenths of a ms: while the price holds, refits come half as often each
+time, down to one per window of samples.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ class StepCost:
         self.per_token_s = 0.0  # its slope b (s/token)
         self._min_tokens = max(int(min_tokens), 1)
         self._min_steps = min_steps
+        self._refit_first = refit_every
         self._refit_every = refit_every
+        self._window = window
         self._samples: deque[tuple[int, float]] = deque(maxlen=window)
         self._pending: deque[int] = deque(maxlen=lag + 1)
         self._last: float | None = None
@@ -75,4 +79,7 @@ class StepCost:
         self.fixed_s, self.per_token_s, self.measured = fixed, slope, True
         if changed:
             self.tokens = tokens
+            self._refit_every = self._refit_first
+        else:
+            self._refit_every = min(2 * self._refit_every, self._window)
         return changed

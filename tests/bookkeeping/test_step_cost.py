@@ -67,3 +67,17 @@ def test_with_async_scheduling_a_duration_belongs_to_the_step_before():
     run(naive, shifted)
     assert lagged.tokens == pytest.approx(200, rel=0.1)
     assert abs(naive.tokens - 200) > 0.5 * 200  # without the lag the fit is wrong
+
+
+def test_a_steady_price_is_refitted_less_and_less_often_and_a_change_still_lands():
+    rng = random.Random(4)
+    cost = StepCost(384, min_tokens=384, window=64)
+    fits = []
+    fit = cost._fit
+    cost._fit = lambda: fits.append(1) or fit()
+    sizes = [rng.choice([384, 1152, 2048]) for _ in range(600)]
+    t = run(cost, steps(0.020, 1e-4, sizes, rng, noise=0.001))
+    assert cost.tokens == pytest.approx(200, rel=0.1)
+    assert len(fits) < 600 // 8 // 3  # backed off to one fit per window
+    run(cost, steps(0.060, 1e-4, sizes, rng, noise=0.001), t0=t + 1.0)
+    assert cost.tokens == pytest.approx(600, rel=0.1)
