@@ -10,7 +10,8 @@ tokens its blocks hold (it depends on the machine: 256 or 384 for the tiny model
 {"name", "batch": [request, ...]} sends its requests together. Instead of "prompt", "parts":
 [{"seed", "blocks", "tokens"}, ...] builds one from whole KV blocks of the engine (or of
 "prompt_block_size", so an engine with other blocks gets the same prompts).
-Any request may say "settle": true: before it (a flood: before its first prompt) the runner
+"step_times": true adds to each request the worker's model steps while it ran
+([start s after it was sent, duration s, tokens scheduled]). Any request may say "settle": true: before it (a flood: before its first prompt) the runner
 waits until the connector's SSD writes have landed, as after a user's pause.
 "warmup": N runs two untimed N-token prompts first (N above the chunk size), so the first
 timed turn does not pay for the engine's warm-up. OUT: the engine's block size and block count, and per request the
@@ -215,6 +216,28 @@ def _core_times(metrics) -> dict[str, float]:
     return dict(queued_s=scheduled - queued, prefill_s=first - scheduled)
 
 
+def _time_worker_steps(worker) -> None:
+    """Run in the worker (`"step_times": true`): time every `execute_model` from now on."""
+    steps: list = []
+    run = worker.execute_model
+
+    def timed(scheduler_output, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return run(scheduler_output, *args, **kwargs)
+        finally:
+            steps.append((t, time.perf_counter() - t,
+                          getattr(scheduler_output, "total_num_scheduled_tokens", 0)))
+
+    worker.execute_model, worker.histate_steps = timed, steps
+
+
+def _take_worker_steps(worker) -> list:
+    steps = list(worker.histate_steps)
+    worker.histate_steps.clear()
+    return steps
+
+
 def _generate_together(llm, prompts, sps):
     """Run `prompts` so that the engine's scheduler first sees all of them in one step.
 
@@ -273,7 +296,7 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.update(spec.get("env", {}))  # before vllm reads its environment
-    if any(r.get("settle") for r in spec["requests"]):
+    if spec.get("step_times") or any(r.get("settle") for r in spec["requests"]):
         # `_settle` sends a function to the workers (collective_rpc), which vLLM's msgpack
         # channel to its own engine core passes only as a pickle. Local processes only.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -328,6 +351,8 @@ def main(spec_path: str, out_path: str) -> None:
             warm = [rng.randrange(2, 2000) for _ in range(spec["warmup"])]
             llm.generate([TokensPrompt(prompt_token_ids=warm)],
                          SamplingParams(max_tokens=2, temperature=0, logprobs=1), use_tqdm=False)
+    if spec.get("step_times"):
+        llm.collective_rpc(_time_worker_steps)
     threads_start = engine_threads()  # after warm-up: the timed requests' CPU is the difference
     results = []
     for req in expand_requests(spec["requests"], layout, spec.get("prompt_block_size")):
@@ -339,6 +364,8 @@ def main(spec_path: str, out_path: str) -> None:
         sps = [SamplingParams(max_tokens=r.get("max_tokens", 4), temperature=0,
                               logprobs=spec.get("logprobs", TOP_LOGPROBS))
                for r in batch]
+        if spec.get("step_times"):
+            llm.collective_rpc(_take_worker_steps)  # drop what ran between requests
         gpu_before, restored_before = _gpu_hits(llm), _counter()
         ahead_before = _counter("ssd_states_ahead_read").get("", 0)
         t0 = time.perf_counter()
@@ -346,6 +373,10 @@ def main(spec_path: str, out_path: str) -> None:
         outs = (_generate_together(llm, prompts, sps) if len(batch) > 1
                 else llm.generate(prompts, sps, use_tqdm=False))
         wall = time.perf_counter() - t0
+        # The worker's model steps during the request: [start s after the request was
+        # sent, duration s, tokens scheduled] (perf_counter is one clock for all processes).
+        steps = ([[t - t0, dt, n] for t, dt, n in llm.collective_rpc(_take_worker_steps)[0]]
+                 if spec.get("step_times") else None)
         gpu_hits = _gpu_hits(llm) - gpu_before
         restored = {t: n - restored_before.get(t, 0) for t, n in _counter().items()
                     if n > restored_before.get(t, 0)}
@@ -380,6 +411,7 @@ def main(spec_path: str, out_path: str) -> None:
                     # lookup or load in flight), and scheduled until the first token.
                     **_core_times(metrics),
                     wall=wall,
+                    **({"steps": steps} if steps is not None and len(batch) == 1 else {}),
                     **({"flood": req["flood"]} if "flood" in req else {}),
                     **({"batch": req["name"]} if len(batch) > 1 else {}),
                 )

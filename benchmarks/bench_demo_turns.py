@@ -1,0 +1,131 @@
+"""Where each demo turn's time goes, with and without HiState, model step by model step.
+
+Issue 26, item 5: a demo turn that reuses as much with HiState as without must not be
+slower. This replays the demo's session (`examples/agent_demo.py`, its first engine: task,
+tool result, subagent, a flood of other sessions, next step, edit) through
+
+  vllm          vLLM alone (the baseline of the ratios, rerun in every round)
+  histate       HiState as the demo runs it: 16 MiB of DRAM and an SSD store (--dir)
+  histate-dram  HiState with DRAM only, large enough for everything (no SSD threads)
+
+alternating engines within each round, and splits every turn's time to first token by the
+worker's own clock: from its arrival to its first prefill step ("wait": the lookup, a
+restore's load, a step already running when it came), the model steps that prefill it
+("compute", summed), and the rest ("between steps": the engine core's scheduling,
+HiState's connector, the worker's IPC and sampling, and any wait for a core).
+Ratios are against vLLM alone in the same round. Step durations move 10-20% between
+engine starts on a shared machine, so compare the columns, not single totals.
+
+    python benchmarks/bench_demo_turns.py [--rounds 2] [--dir D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples"))
+
+from agent_demo import WARMUP_TOKENS, build_prompts, engine_request  # noqa: E402
+
+from histate_vllm.vllm_glue.offline import run_engine  # noqa: E402
+
+MiB = 1 << 20
+TRACE = REPO / "examples" / "traces" / "agent_session.json"
+
+
+def _connector(name: str, work: Path) -> dict | None:
+    return {
+        "vllm": None,
+        "histate": dict(dram_bytes=16 * MiB, ssd_dir=str(work / "ssd"), ssd_bytes=256 * MiB),
+        "histate-dram": dict(dram_bytes=1024 * MiB),
+    }[name]
+
+
+def split_turn(r: dict) -> dict[str, float]:
+    """A turn's TTFT (s) split by its worker steps: wait (from the request's arrival to its
+    first prefill step: lookup, a restore's load, a step already running), compute (its
+    prefill steps, summed), between steps (the rest before the first token)."""
+    prefill = [s for s in r["steps"] if s[0] < r["ttft"] and s[2] > 1]
+    compute = sum(dt for _, dt, _ in prefill)
+    wait = prefill[0][0] if prefill else 0.0
+    return dict(ttft=r["ttft"], compute=compute, wait=wait,
+                between=r["ttft"] - compute - wait, steps=len(prefill))
+
+
+def _run(model: str, work: Path, name: str, turns: list[dict], block: int | None,
+         ssm_dtype: str | None) -> tuple[dict, int]:
+    import shutil
+
+    shutil.rmtree(work / "ssd", ignore_errors=True)
+    spec = dict(model=model, num_gpu_blocks=64, dense_states=True,
+                connector=_connector(name, work), warmup=WARMUP_TOKENS, block_size=block,
+                ssm_dtype=ssm_dtype, step_times=True,
+                requests=[engine_request(r) for r in turns])
+    code, out, log = run_engine(spec, str(work / f"{name}.json"),
+                                log_path=str(work / f"{name}.log"))
+    if code != 0:
+        sys.exit(f"{name} failed (exit {code}):\n{log[-3000:]}")
+    shown = {r["name"] for r in turns if r.get("shown")}
+    res = {r["name"]: dict(split_turn(r), cached=r["num_cached_tokens"],
+                           tokens=r["token_ids"])
+           for r in out["results"] if r["name"] in shown}
+    return res, out["engine"]["block_size"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ssm-dtype", choices=["float32", "bfloat16"])
+    ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    ap.add_argument("--engines", default="histate,histate-dram",
+                    help="HiState engines beside vLLM alone (comma-separated)")
+    args = ap.parse_args()
+    work = Path(args.dir or tempfile.mkdtemp(prefix="bench-demo-turns-"))
+    work.mkdir(parents=True, exist_ok=True)
+    from build_tiny_model import build
+
+    model = str(build(work / "tiny-qwen3-next"))
+    turns = build_prompts(json.loads(TRACE.read_text()))[0]
+    engines = ["histate"] + [e for e in args.engines.split(",") if e != "histate"]
+    block = None
+    runs: dict[str, list[dict]] = {}
+    for rnd in range(args.rounds):
+        # HiState first: vLLM alone then gets its block size, as in the demo.
+        for name in engines[:1] + ["vllm"] + engines[1:]:
+            res, block = _run(model, work, name, turns, block, args.ssm_dtype)
+            runs.setdefault(name, []).append(res)
+            print(f"round {rnd + 1}: {name:<12} " + "; ".join(
+                f"{t} {v['ttft'] * 1e3:.0f} ms ({v['cached']} cached)" for t, v in res.items()),
+                flush=True)
+    for name in engines:  # the same greedy tokens, or a restore went wrong
+        for mine, base in zip(runs[name], runs["vllm"]):
+            bad = [t for t in mine if mine[t]["tokens"] != base[t]["tokens"]]
+            if bad:
+                print(f"WARNING: {name} decoded other greedy tokens than vLLM alone on {bad}")
+    print(f"\nThe demo's session (first engine), {block}-token blocks, {args.rounds} rounds, "
+          f"{os.cpu_count()} CPUs; ms per turn, median over rounds; x: against vLLM alone's "
+          f"TTFT in the same round")
+    print("| turn | engine | cached | TTFT | x | wait | compute (steps) | between steps |")
+    print("|---|---|---|---|---|---|---|---|")
+    for turn in runs["vllm"][0]:
+        for name in ["vllm"] + engines:
+            rs = [r[turn] for r in runs[name]]
+            med = {k: statistics.median(r[k] for r in rs) * 1e3
+                   for k in ("ttft", "wait", "compute", "between")}
+            ratio = statistics.median(r[turn]["ttft"] / b[turn]["ttft"]
+                                      for r, b in zip(runs[name], runs["vllm"]))
+            print(f"| {turn} | {name} | {rs[0]['cached']} | {med['ttft']:.1f} | "
+                  f"{ratio:.2f} | {med['wait']:.1f} | {med['compute']:.1f} ({rs[0]['steps']}) | "
+                  f"{med['between']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
