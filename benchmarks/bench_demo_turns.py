@@ -9,7 +9,7 @@ tool result, subagent, a flood of other sessions, next step, edit) through
   histate-dram  HiState with DRAM only, large enough for everything (no SSD threads)
 
 alternating engines within each round, and splits every turn's time to first token by the
-worker's own clock: from its arrival to its first prefill step ("wait": the lookup, a
+worker's own clock: from its submission to its first prefill step ("wait": the lookup, a
 restore's load, a step already running when it came), the model steps that prefill it
 ("compute", summed), and the rest ("between steps": the engine core's scheduling,
 HiState's connector, the worker's IPC and sampling, and any wait for a core).
@@ -50,7 +50,7 @@ def _connector(name: str, work: Path) -> dict | None:
 
 
 def split_turn(r: dict) -> dict[str, float]:
-    """A turn's TTFT (s) split by its worker steps: wait (from the request's arrival to its
+    """A turn's TTFT (s) split by its worker steps: wait (from the request's submission to its
     first prefill step: lookup, a restore's load, a step already running), compute (its
     prefill steps, summed), between steps (the rest before the first token)."""
     prefill = [s for s in r["steps"] if s[0] < r["ttft"] and s[2] > 1]

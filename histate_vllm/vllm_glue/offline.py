@@ -10,9 +10,10 @@ tokens its blocks hold (it depends on the machine: 256 or 384 for the tiny model
 {"name", "batch": [request, ...]} sends its requests together. Instead of "prompt", "parts":
 [{"seed", "blocks", "tokens"}, ...] builds one from whole KV blocks of the engine (or of
 "prompt_block_size", so an engine with other blocks gets the same prompts).
-"step_times": true adds to each request the worker's model steps while it ran
-([start s after it was sent, duration s, tokens scheduled]). Any request may say "settle": true: before it (a flood: before its first prompt) the runner
-waits until the connector's SSD writes have landed, as after a user's pause.
+"step_times": true adds to each request the worker's model steps while it ran ([start s
+after it was sent, duration s, tokens scheduled]). Any request may say "settle": true:
+before it (a flood: before its first prompt) the runner waits until the connector's SSD
+writes have landed, as after a user's pause.
 "warmup": N runs two untimed N-token prompts first (N above the chunk size), so the first
 timed turn does not pay for the engine's warm-up. OUT: the engine's block size and block count, and per request the
 cached tokens vLLM reports (and of those, the GPU's and the connector's per tier), greedy
