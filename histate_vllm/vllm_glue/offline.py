@@ -245,8 +245,9 @@ def _generate_together(llm, prompts, sps):
     `LLM.generate` sends them one by one, and the engine core steps as soon as the first
     arrives: on a loaded machine the second can come steps later, after the first has
     loaded its restore and started prefilling (a different situation from a batch).
-    Paused ("keep": nothing is stepped, adds are queued), the engine takes them all,
-    and the resume lets one step schedule them together."""
+    Paused ("keep": no token is scheduled, adds are queued), the engine takes them all,
+    and the resume lets one step schedule them together. The pause returns once the
+    engine is idle: connector work in flight (HiState's SSD writes) lands first."""
     core = llm.llm_engine.engine_core
     core.call_utility("pause_scheduler", "keep", False)
     try:
