@@ -33,9 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
-from agent_demo import WARMUP_TOKENS, build_prompts, engine_request  # noqa: E402
-
-from histate_vllm.vllm_glue.offline import run_engine  # noqa: E402
+from agent_demo import build_prompts, replay  # noqa: E402
 
 MiB = 1 << 20
 TRACE = REPO / "examples" / "traces" / "agent_session.json"
@@ -62,22 +60,19 @@ def split_turn(r: dict) -> dict[str, float]:
 
 def _run(model: str, work: Path, name: str, turns: list[dict], block: int | None,
          ssm_dtype: str | None) -> tuple[dict, int]:
+    """One engine over the session, set up exactly as the demo runs it (agent_demo.replay)."""
     import shutil
 
     shutil.rmtree(work / "ssd", ignore_errors=True)
-    spec = dict(model=model, num_gpu_blocks=64, dense_states=True,
-                connector=_connector(name, work), warmup=WARMUP_TOKENS, block_size=block,
-                ssm_dtype=ssm_dtype, step_times=True,
-                requests=[engine_request(r) for r in turns])
-    code, out, log = run_engine(spec, str(work / f"{name}.json"),
-                                log_path=str(work / f"{name}.log"))
-    if code != 0:
-        sys.exit(f"{name} failed (exit {code}):\n{log[-3000:]}")
-    shown = {r["name"] for r in turns if r.get("shown")}
-    res = {r["name"]: dict(split_turn(r), cached=r["num_cached_tokens"],
-                           tokens=r["token_ids"])
-           for r in out["results"] if r["name"] in shown}
-    return res, out["engine"]["block_size"]
+    logs = work / name
+    logs.mkdir(parents=True, exist_ok=True)
+    results, engines = replay(model, [turns], _connector(name, work), logs, ssm_dtype, block,
+                              step_times=True)
+    res = {t["name"]: dict(split_turn(results[t["name"]]),
+                           cached=results[t["name"]]["num_cached_tokens"],
+                           tokens=results[t["name"]]["token_ids"])
+           for t in turns if t.get("shown")}
+    return res, engines[0]["block_size"]
 
 
 def main() -> None:

@@ -96,9 +96,10 @@ def engine_request(r: dict) -> dict:
 
 
 def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: Path,
-           ssm_dtype: str | None = None, block_size: int | None = None
-           ) -> tuple[dict, list[dict]]:
-    """Run the session's engines; return results by turn name and each engine's layout."""
+           ssm_dtype: str | None = None, block_size: int | None = None,
+           step_times: bool = False) -> tuple[dict, list[dict]]:
+    """Run the session's engines; return results by turn name and each engine's layout.
+    `step_times`: each result also lists the worker's model steps (bench_demo_turns.py)."""
     from histate_vllm.vllm_glue.offline import run_engine
 
     tag = "histate" if connector else "vllm"
@@ -106,7 +107,7 @@ def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: 
     for i, requests in enumerate(runs):
         spec = dict(model=model, num_gpu_blocks=64, dense_states=True, connector=connector,
                     warmup=WARMUP_TOKENS, ssm_dtype=ssm_dtype, block_size=block_size,
-                    requests=[engine_request(r) for r in requests])
+                    step_times=step_times, requests=[engine_request(r) for r in requests])
         label = f"{'vLLM + HiState' if connector else 'vLLM alone'}, engine {i + 1}/{len(runs)}"
         print(f"{label}: starting", flush=True)
         code, out, log = run_engine(

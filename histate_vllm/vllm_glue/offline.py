@@ -299,8 +299,9 @@ def main(spec_path: str, out_path: str) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.update(spec.get("env", {}))  # before vllm reads its environment
     if spec.get("step_times") or any(r.get("settle") for r in spec["requests"]):
-        # `_settle` sends a function to the workers (collective_rpc), which vLLM's msgpack
-        # channel to its own engine core passes only as a pickle. Local processes only.
+        # `_settle` and the step timers send functions to the workers (collective_rpc),
+        # which vLLM's msgpack channel to its own engine core passes only as a pickle.
+        # Local processes only.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     if spec.get("log_level"):
         os.environ["VLLM_LOGGING_LEVEL"] = spec["log_level"]
