@@ -16,14 +16,11 @@ an event, with the attention blocks in it and HiState's events of the same engin
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import shutil
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -35,38 +32,11 @@ if not (shutil.which("vllm-router") or Path(sys.executable).with_name("vllm-rout
 
 from tests.engine.fleet import router  # noqa: E402
 from tests.engine.kv_events import complete, prompt_hashes  # noqa: E402
+from tests.router_stubs import stub_worker  # noqa: E402
 from trace_replay.server import free_port  # noqa: E402
 
 BLOCK = 256
 HOST, DISK = 0.8, 0.3  # vllm-router's default --kv-penalty-host / --kv-penalty-disk
-
-
-class _Stub(BaseHTTPRequestHandler):
-    def _reply(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self._reply({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
-
-    def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._reply({"id": "x", "object": "text_completion", "model": "tiny",
-                     "choices": [{"index": 0, "text": "a", "finish_reason": "length"}],
-                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-    def log_message(self, *args):
-        pass
-
-
-def _stub_worker() -> tuple[str, ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}", server
 
 
 def _stored(tokens: list[int], medium: str) -> list:
@@ -94,7 +64,7 @@ def test_kv_aware_credits_each_medium_and_needs_the_empty_topic(tmp_path):
     from vllm.distributed.kv_events import KVEventBatch
 
     rng = random.Random(7)
-    (w0, s0), (w1, s1) = _stub_worker(), _stub_worker()
+    (w0, s0), (w1, s1) = stub_worker(), stub_worker()
     ctx = zmq.Context()
     pubs, sources = [], []
     for _ in range(2):
@@ -151,7 +121,7 @@ def test_a_state_group_event_without_hashes_drops_the_whole_batch(tmp_path):
     from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
     rng = random.Random(8)
-    (w0, s0), (w1, s1) = _stub_worker(), _stub_worker()
+    (w0, s0), (w1, s1) = stub_worker(), stub_worker()
     ctx = zmq.Context()
     ep = f"tcp://127.0.0.1:{free_port()}"
     pub = ctx.socket(zmq.PUB)
