@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import random
 import re
-import shutil
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
-if not (shutil.which("vllm-router") or Path(sys.executable).with_name("vllm-router").exists()):
+from tests.engine.fleet import router, router_installed  # noqa: E402
+
+if not router_installed():
     pytest.skip("vllm-router is not installed (pip install -e '.[router]')",
                 allow_module_level=True)
 
-from tests.engine.fleet import router  # noqa: E402
 from tests.engine.kv_events import complete, prompt_hashes  # noqa: E402
 from tests.router_stubs import stub_worker  # noqa: E402
 from trace_replay.server import free_port  # noqa: E402

@@ -10,23 +10,18 @@ tests/engine/test_router_fleet.py."""
 
 from __future__ import annotations
 
-import shutil
-import sys
 import urllib.error
 from pathlib import Path
 
 import pytest
 
-if not (shutil.which("vllm-router") or Path(sys.executable).with_name("vllm-router").exists()):
+from tests.engine.fleet import FAILOVER_ARGS, router, router_installed
+from tests.engine.kv_events import complete
+from tests.router_stubs import stop_worker, stub_worker
+
+if not router_installed():
     pytest.skip("vllm-router is not installed (pip install -e '.[router]')",
                 allow_module_level=True)
-
-from tests.engine.fleet import router  # noqa: E402
-from tests.engine.kv_events import complete  # noqa: E402
-from tests.router_stubs import stop_worker, stub_worker  # noqa: E402
-
-README_ARGS = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-               "--retry-initial-backoff-ms", "300"]
 
 
 def _send(url: str) -> str:
@@ -40,19 +35,20 @@ def _send(url: str) -> str:
 
 def _first_request_after_a_death(tmp_path: Path, args: list[str]) -> tuple[str, str]:
     """(the worker the session's home was, what the next request got once it stopped)."""
-    workers = dict(stub_worker(n) for n in "ab")
-    names = dict(zip(workers, "ab"))
-    with router(list(workers), "consistent_hash", tmp_path / "router.log", args) as url:
-        home = _send(url)
-        stop_worker(next(s for u, s in workers.items() if names[u] == home))
-        after = _send(url)
-    for s in workers.values():
-        stop_worker(s)
-    return home, after
+    workers = {name: stub_worker(name) for name in "ab"}  # name -> (url, server)
+    try:
+        with router([url for url, _ in workers.values()], "consistent_hash",
+                    tmp_path / "router.log", args) as url:
+            home = _send(url)
+            stop_worker(workers[home][1])
+            return home, _send(url)
+    finally:
+        for _, server in workers.values():
+            stop_worker(server)
 
 
 def test_the_readme_settings_fail_over_the_next_request(tmp_path):
-    home, after = _first_request_after_a_death(tmp_path, README_ARGS)
+    home, after = _first_request_after_a_death(tmp_path, FAILOVER_ARGS)
     assert after == {"a": "b", "b": "a"}[home], (home, after)
 
 

@@ -17,11 +17,25 @@ from trace_replay.server import free_port, local_server, metric_sum, metrics, se
 STARTUP_TIMEOUT = 300.0  # two engines share 2 cores here
 
 
+# The router settings README.md gives for a fleet whose engines can die ("When an engine
+# dies"): checks every second acting on one failure, and retries backing off from 300 ms
+# (~2.5 s in all, past the next check) so a request sent as an engine dies reaches another.
+FAILOVER_ARGS = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+                 "--retry-initial-backoff-ms", "300"]
+
+
+def _router_path() -> str:
+    return shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
+
+
+def router_installed() -> bool:
+    return os.access(_router_path(), os.X_OK)
+
+
 def router_binary() -> str:
-    path = shutil.which("vllm-router") or str(Path(sys.executable).with_name("vllm-router"))
-    if not os.access(path, os.X_OK):
+    if not router_installed():
         raise RuntimeError("vllm-router is not installed: pip install -e '.[router]'")
-    return path
+    return _router_path()
 
 
 @contextlib.contextmanager

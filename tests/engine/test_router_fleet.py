@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from tests.engine.fleet import engine, loopback_relay, router, served, which_engine
+from tests.engine.fleet import (FAILOVER_ARGS, engine, loopback_relay, router, served,
+                                which_engine)
 from tests.engine.kv_events import cached_tokens, complete
 from trace_replay.server import metric_sum, metrics
 
@@ -190,13 +191,10 @@ def test_failover_continues_on_the_other_engine_and_keeps_the_store(fleet):
     import sys
 
     block, work = fleet["block"], fleet["work"]
-    # The router retries a failed send 5 times, by default within half a second and to the
-    # same engine until a health check marks it down: the first turn after the stop got a
-    # 500 whenever no check ran in that window (a slow machine). Backoff from 300 ms spreads
-    # the retries over ~2.5 s, past the next check, so a retry goes to the other engine
-    # (README, "When an engine dies").
-    args = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-            "--retry-initial-backoff-ms", "300"]
+    # The README's settings: without them the first turn after the stop got a 500 whenever
+    # no health check ran before the router's default retries ended (a slow machine; see
+    # tests/test_router_failover.py).
+    args = FAILOVER_ARGS
     with router(fleet["urls"], "consistent_hash", work / "router-fo.log", args) as url:
         prompt = _tokens(3000)
         before = served(fleet["urls"])
