@@ -335,14 +335,24 @@ class Orchestrator:
                    ) -> list[tuple[bytes, int]]:
         """(key, slot) for the accepted keys that got a slot. Slots of copies moving to SSD
         stay taken until their writes land, so a step can run short: the deepest keys are
-        then given back to the policy as failed writes."""
+        then given back to the policy as failed writes, and a checkpoint whole or not at
+        all (one state group without the others restores nothing and holds a slot)."""
         accepted.sort(key=lambda k: (items[k].position, items[k].kind == Kind.STATE))
         out: list[tuple[bytes, int]] = []
         short = False
         for key in accepted:
             slot = None if short else self.pool.alloc(items[key].nbytes)
             if slot is None:
-                short = True
+                if not short:
+                    short = True
+                    item = items[key]
+                    while (out and items[out[-1][0]].kind == Kind.STATE
+                           and item.kind == Kind.STATE
+                           and items[out[-1][0]].position == item.position):
+                        sibling, taken = out.pop()  # its checkpoint's other groups
+                        self.pool.free(taken, items[sibling].nbytes)
+                        self.stats["slot_short"] += 1
+                        self.policy.committed(sibling, Tier.DRAM, False)
                 self.stats["slot_short"] += 1
                 self.policy.committed(key, Tier.DRAM, False)
                 continue

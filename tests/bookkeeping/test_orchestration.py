@@ -363,3 +363,31 @@ def test_moves_are_never_held():
     assert not backups.intersection(w.key for w in writes)  # b's backups wait
     assert [w.key for w in writes] == moves
     assert orch.stats["backups_held"] > 0
+
+
+def test_a_step_that_runs_short_of_slots_keeps_no_partial_checkpoint():
+    """A checkpoint of three state groups where the pool has room for its KV and one state
+    page only: the page is given back with the rest (one group alone restores nothing), the
+    KV stays. Control: with two more slots the whole checkpoint is stored."""
+    for free_slots, whole in ((5, False), (7, True)):
+        clock = Clock()
+        policy = make_policy("histate", budgets={Tier.DRAM: 64 * KEY, Tier.SSD: 0},
+                             block_tokens=BT, interval=1 << 30, clock=clock, kv_groups=[0],
+                             state_groups=[1, 2, 3], kv_bytes_per_token=KEY / BT)
+        # The policy's budget has room; the pool does not (slots of moves in flight).
+        orch = Orchestrator(policy, SlotPool(free_slots, KEY), block_tokens=BT,
+                            kv_groups=[0], state_groups=[1, 2, 3], key_bytes=lambda s: KEY,
+                            has_ssd=False)
+        hb = hashes(4)
+        keys = [make_key(h, 0) for h in hb] + [make_key(hb[-1], g) for g in (1, 2, 3)]
+        orch.note_hit("r", 0)
+        stored, slots, _ = orch.offer("r", keys, [(i + 1) * BT for i in range(4)] + [4 * BT] * 3,
+                                      hb, 4 * BT + 1)
+        orch.complete_store(stored, True)
+        states = [k for k in stored if k[-4:] != (0).to_bytes(4, "big")]
+        assert len(stored) == 4 + (3 if whole else 0), (free_slots, stored)
+        assert len(states) == (3 if whole else 0)
+        assert orch.pool.in_use() == len(stored)  # the given-back page's slot is free again
+        assert policy.restorable(hb).position == (4 * BT if whole else 0)
+        assert orch.stats["slot_short"] == (0 if whole else 3)
+        policy.check_invariants()
