@@ -15,9 +15,12 @@ Phases, each on the same engine, for vLLM alone and for vLLM + HiState (DRAM onl
             `--decode-tokens` tokens (one block completes on the way);
   reload-N  the same prompts again after the GPU prefix cache is reset: vLLM alone
             recomputes them, HiState restores them from DRAM.
-Configurations alternate (vLLM, HiState, vLLM, HiState, ...) for `--rounds` rounds, each in a
-fresh process, so drift on a shared machine falls on both. The table gives medians over all
-steps of a class and the ratio HiState / vLLM alone.
+Configurations alternate for `--rounds` rounds, each in a fresh process (vLLM first in even
+rounds, HiState first in odd ones), so drift on a shared machine falls on both. The table
+gives medians over all steps of a class and the ratio HiState / vLLM alone; with more than
+one round a second table gives the decode step round by round and the rounds' geometric
+mean ratio with a bootstrap interval (one engine start differs from the next by more than
+the connector's cost, so rounds are the samples).
 
     python benchmarks/bench_step.py [--running 1,8] [--rounds 2] [--ssd]
 """
@@ -193,6 +196,39 @@ def _table(runs: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def _round_table(runs: dict[str, list[dict]], rounds: int, draws: int = 10000) -> str:
+    """Decode steps round by round: each round's median step per engine and their ratio,
+    then the geometric mean of the rounds' ratios with a 95% bootstrap interval over rounds
+    (engine starts differ by more than the connector's cost, so the rounds, not the steps,
+    are the samples)."""
+    import numpy as np
+
+    lines = ["| phase | round | vLLM ms | HiState ms | ratio |", "|---|---|---|---|---|"]
+    summary = []
+    for ph in sorted({r["phase"] for rs in runs.values() for r in rs
+                      if r["phase"].startswith("decode")}):
+        ratios = []
+        for rnd in range(rounds):
+            med = [_median([r["total"] for r in runs[name] if r["phase"] == ph
+                            and r["kind"] == "decode" and r["round"] == rnd])
+                   for name in ("vllm", "histate")]
+            if None in med:
+                continue
+            ratios.append(med[1] / med[0])
+            lines.append(f"| {ph} | {rnd + 1} | {_fmt(med[0])} | {_fmt(med[1])} | "
+                         f"{ratios[-1]:.3f} |")
+        if not ratios:
+            continue
+        logs = np.log(ratios)
+        rng = np.random.default_rng(0)
+        boot = logs[rng.integers(0, len(logs), (draws, len(logs)))].mean(axis=1)
+        lo, hi = np.exp(np.percentile(boot, [2.5, 97.5]))
+        summary.append(f"{ph}: decode step HiState / vLLM alone {np.exp(logs.mean()):.3f} "
+                       f"(geometric mean of {len(ratios)} rounds; 95% interval {lo:.3f}-"
+                       f"{hi:.3f})")
+    return "\n".join(lines + [""] + summary)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--running", default="1,8", help="running requests per decode phase")
@@ -221,7 +257,9 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     for rnd in range(args.rounds):
-        for name in runs:
+        # Who starts a round alternates too, so an order effect (a warm page cache, the
+        # machine's drift within a round) falls on both.
+        for name in (("vllm", "histate") if rnd % 2 == 0 else ("histate", "vllm")):
             connector = None
             if name == "histate":
                 connector = {"dram_bytes": args.dram_mib * MiB}
@@ -246,11 +284,14 @@ def main() -> None:
                 sys.exit(f"{name} failed (exit {r.returncode}); log: {log}")
             res = json.loads(out.read_text())
             block = res["block_size"]
-            runs[name].extend(res["records"])
+            runs[name].extend(dict(r, round=rnd) for r in res["records"])
     print(f"\n{block}-token blocks, {args.gpu_blocks} GPU blocks, {args.rounds} rounds "
           f"alternating; HiState DRAM {args.dram_mib} MiB" + (", SSD 2 GiB" if args.ssd else "")
           + f"; {os.cpu_count()} CPUs; times are medians over the steps of each class")
     print(_table(runs))
+    if args.rounds > 1:
+        print()
+        print(_round_table(runs, args.rounds))
     print(f"work directory: {work}")
 
 
