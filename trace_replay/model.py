@@ -52,6 +52,10 @@ class Request(msgspec.Struct, frozen=True, eq=False, kw_only=True):
         label: source-specific tag: Weka request type ("n"/"s"), or what a generator did
             to the context ("initial", "append", "mutation", "rewind", "truncate", "compact").
         api_time: observed service time in the source, s, when recorded (Weka), else None.
+        message_end: tokens to the end of the prompt's first message (system prompt and
+            tool definitions) when the source records it (Weka: system_tokens +
+            tool_tokens), else 0. A server finds the same point in the token ids: the
+            chat template ends each message with a turn-end token.
     """
 
     session_id: str
@@ -65,6 +69,7 @@ class Request(msgspec.Struct, frozen=True, eq=False, kw_only=True):
     agent_id: str | None = None
     label: str = ""
     api_time: float | None = None
+    message_end: int = 0
 
     def __post_init__(self) -> None:
         # Normalise to a read-only int64 array so requests can be shared safely.

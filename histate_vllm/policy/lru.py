@@ -258,9 +258,11 @@ class LRUPolicy(PolicyCore):
         return lookup(block_hashes, self.planner.block_tokens, kv, st, self._present,
                       states_known=known)
 
-    def plan_captures(self, request_id, block_hashes, num_prompt_tokens, hit_tokens) -> list[int]:
+    def plan_captures(self, request_id, block_hashes, num_prompt_tokens, hit_tokens,
+                      message_ends=()) -> list[int]:
         hit = self.restorable(block_hashes)
-        plan = self.planner.plan(num_prompt_tokens, hit_tokens, hit.position, hit.shared)
+        plan = self.planner.plan(num_prompt_tokens, hit_tokens, hit.position, hit.shared,
+                                 message_ends)
         self.log.emit(ev.PLAN, request_id=request_id, positions=plan.positions,
                       position=hit.position, reason=plan.reason)
         return plan.positions

@@ -2,8 +2,12 @@
 
 Always: the prompt end (vLLM keeps the last prompt token for sampling, so the last full block
 boundary before it), the point where reused history ended when no managed checkpoint sits
-there, and a learned boundary (Gufo): the end of the longest cached prefix when it reaches
->= `learn_min_tokens` past the deepest restorable checkpoint. Intermediate: every I* tokens of
+there, a learned boundary (Gufo): the end of the longest cached prefix when it reaches
+>= `learn_min_tokens` past the deepest restorable checkpoint, and the block boundary at or
+before the end of the prompt's first message when the caller knows it (the system prompt
+and tool definitions: agents keep that prefix and rewrite what follows it, so a later turn
+forks there before any fork was seen: in the shared Weka sessions about a third of the
+forks into a first prompt land within five 64-token blocks of it). Intermediate: every I* tokens of
 the new segment [start, prompt end), I* from `IntervalModel`, at most `max_intermediate` of
 them (thinned evenly); once internal hits were observed (forks.py: absolute depths, and
 forks a few blocks before the end of the context they left), re-chosen greedily under a
@@ -15,6 +19,7 @@ a multiple of the block size and > the resume point.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .chunk_grid import on_chunk_grid
@@ -24,6 +29,7 @@ from .interval import IntervalModel
 PROMPT_END = "prompt_end"
 REUSED_END = "reused_end"
 LEARNED = "learned"
+MESSAGE_END = "message_end"
 INTERVAL = "interval"
 
 
@@ -56,8 +62,10 @@ class CapturePlanner:
         bt = self.block_tokens
         return max(0, (num_prompt_tokens - 1) // bt * bt)
 
-    def plan(self, num_prompt_tokens: int, hit_tokens: int, restorable: int, shared: int) -> Plan:
-        """`restorable`/`shared` come from the prefix index (`Hit.position` / `Hit.shared`)."""
+    def plan(self, num_prompt_tokens: int, hit_tokens: int, restorable: int, shared: int,
+             message_ends: Sequence[int] = ()) -> Plan:
+        """`restorable`/`shared` come from the prefix index (`Hit.position` / `Hit.shared`);
+        `message_ends`: token positions where a message of the prompt ends."""
         bt = self.block_tokens
         end = self.prompt_end(num_prompt_tokens)
         start = hit_tokens // bt * bt
@@ -69,6 +77,10 @@ class CapturePlanner:
             notes.append(f"prompt end {end} not past the resume point {start}")
         if start > 0 and start != restorable and start <= end:
             labels.setdefault(start, REUSED_END)
+        for m in message_ends:
+            at = m // bt * bt
+            if start < at < end:
+                labels.setdefault(at, MESSAGE_END)
         learned = min(shared // bt * bt, end)
         if shared - restorable >= self.learn_min_tokens and learned > start:
             labels.setdefault(learned, LEARNED)

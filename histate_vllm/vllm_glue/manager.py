@@ -44,6 +44,23 @@ logger = init_logger(f"vllm.{__name__}")
 _MEDIUM = {Tier.DRAM: Medium.CPU, Tier.SSD: Medium.STORAGE}  # under vllm: its log level and format apply
 
 
+
+def first_message_end(request) -> tuple[int, ...]:
+    """Where the prompt's first message (system prompt and tools) ends: just past its first
+    turn-end token. A chat template closes every message with one, and vLLM counts the
+    model's turn-end tokens among a request's stop tokens. () when the prompt has none."""
+    params = getattr(request, "sampling_params", None)
+    ids = request.prompt_token_ids
+    if params is None or not ids:
+        return ()
+    first = len(ids)
+    for token in params.all_stop_token_ids:
+        try:
+            first = ids.index(token, 0, first)  # C-speed scan, bounded by the best so far
+        except ValueError:
+            pass
+    return (first + 1,) if first < len(ids) else ()
+
 class HiStateManager(OffloadingManager):
     def __init__(
         self,
@@ -171,7 +188,7 @@ class HiStateManager(OffloadingManager):
         plan = self.orch.planned(request.request_id)
         if plan is None:
             plan = self.orch.plan(request.request_id, self._block_hashes(request),
-                                  request.num_prompt_tokens)
+                                  request.num_prompt_tokens, first_message_end(request))
         return plan
 
     def set_step_cost(self, tokens: float, fixed_s: float, per_token_s: float) -> None:

@@ -133,6 +133,16 @@ def test_weka_subagents_are_concurrent_sessions_in_parent_namespace(weka):
     assert any(a3.start < parent.start + r.t < end3 for r in parent.requests)
 
 
+def test_weka_main_prompts_carry_where_their_system_prompt_and_tools_end(weka):
+    _, wl, _ = weka
+    raw = json.loads((_dir("weka") / "trace_0276.json").read_bytes())
+    end = raw["system_tokens"] + raw["tool_tokens"]
+    assert end > 0
+    assert all(r.message_end == end for r in wl.session("trace_0276").requests)
+    subs = [s for s in wl.sessions if s.kind == "subagent"]
+    assert subs and all(r.message_end == 0 for s in subs for r in s.requests)
+
+
 def test_weka_prompt_extension_rate(weka):
     """README: 93% of requests extend the previous prompt exactly (full set); report ours."""
     _, wl, _ = weka

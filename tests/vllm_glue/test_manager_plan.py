@@ -63,3 +63,28 @@ def test_a_measured_price_reaches_the_planner():
     m.register_request(r)
     m.note_hit(r, 0, 0, None)
     assert m.capture_positions(r) == plan(0)
+
+
+def test_the_first_message_end_is_found_in_the_token_ids_and_planned():
+    """A chat template closes each message with a turn-end token, one of the request's stop
+    tokens: the first one in the prompt ends its system prompt and tools. The plan takes
+    the block boundary at or before it; a prompt without one gets no such point."""
+    from types import SimpleNamespace
+
+    from histate_vllm.vllm_glue.manager import first_message_end
+
+    r = Req("m", 3000)
+    r.prompt_token_ids = [5] * 3000
+    r.prompt_token_ids[1000] = r.prompt_token_ids[2000] = 9  # two message ends
+    r.sampling_params = SimpleNamespace(all_stop_token_ids={9, 7})
+    assert first_message_end(r) == (1001,)
+    cfg = HiStateConfig.from_extra_config({"dram_bytes": 100 * KEY})
+    m = HiStateManager(LAYOUT, cfg, tokens_per_hash=BT, max_model_len=1 << 16,
+                       step_tokens=2048, chunk_tokens=2048)
+    m.register_request(r)
+    m.note_hit(r, 0, 0, None)
+    assert 1001 // BT * BT in m.capture_positions(r)
+    r.sampling_params = SimpleNamespace(all_stop_token_ids={7})
+    assert first_message_end(r) == ()
+    del r.sampling_params
+    assert first_message_end(r) == ()

@@ -64,6 +64,8 @@ class _File(msgspec.Struct):
     id: str
     requests: list[_Entry]
     block_size: Annotated[int, msgspec.Meta(gt=0)] = NATIVE_BLOCK_SIZE
+    system_tokens: _NonNeg = 0
+    tool_tokens: _NonNeg = 0
 
 
 def load_weka_file(path: str | Path) -> Workload:
@@ -82,6 +84,9 @@ def _build(path, raw, entries, seed, sid, start, parent, agent_id, where, out) -
     chainer = Chainer(seed)
     bs = raw.block_size
     kind = "main" if parent is None else "subagent"
+    # The session's system prompt and tools come first in every main prompt (a subagent's
+    # own are not recorded).
+    message_end = raw.system_tokens + raw.tool_tokens if parent is None else 0
     requests: list[Request] = []
     children: list[tuple[_Subagent, str]] = []
     prev: _Call | None = None
@@ -117,6 +122,7 @@ def _build(path, raw, entries, seed, sid, start, parent, agent_id, where, out) -
                 agent_id=agent_id,
                 label=type(e).__struct_config__.tag,
                 api_time=e.api_time,
+                message_end=message_end,
             )
         )
         prev = e

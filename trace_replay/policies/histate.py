@@ -113,7 +113,10 @@ class CoreAdapter(SimPolicy):
         else:
             job.resume = g * B
         orch.note_hit(job.request_id, job.resume, lambda: hb[:g])
-        job.captures = orch.plan(job.request_id, hb, job.input_tokens)
+        # Where the prompt's first message ends, when the trace records it (what the engine
+        # reads from the token ids: manager.first_message_end).
+        ends = (job.req.message_end,) if job.req.message_end else ()
+        job.captures = orch.plan(job.request_id, hb, job.input_tokens, ends)
         held = list(hl[:g])
         if g:
             held.append(~hl[g - 1])
