@@ -6,10 +6,10 @@ there, a learned boundary (Gufo): the end of the longest cached prefix when it r
 >= `learn_min_tokens` past the deepest restorable checkpoint, and the block boundary at or
 before the end of the prompt's first message when the caller knows it (the system prompt
 and tool definitions: agents keep that prefix and rewrite what follows it, so a later turn
-forks there before any fork was seen: in the shared Weka sessions about a third of the
-forks into a first prompt land within five 64-token blocks of it). Intermediate: every I* tokens of
-the new segment [start, prompt end), I* from `IntervalModel`, at most `max_intermediate` of
-them (thinned evenly); once internal hits were observed (forks.py: absolute depths, and
+forks there before any fork was seen; in the shared Weka sessions about a third of the
+forks into a first prompt land within five 64-token blocks of it). Intermediate: every I*
+tokens of the new segment [start, prompt end), I* from `IntervalModel`, at most
+`max_intermediate` of them (thinned evenly); once internal hits were observed (forks.py: absolute depths, and
 forks a few blocks before the end of the context they left), re-chosen greedily under a
 mixture of the uniform prior and those depths, as many as pay for themselves; then, given
 the engine's prefill chunk, moved onto the chunk ends it takes anyway where the engine step

@@ -44,7 +44,6 @@ logger = init_logger(f"vllm.{__name__}")
 _MEDIUM = {Tier.DRAM: Medium.CPU, Tier.SSD: Medium.STORAGE}  # under vllm: its log level and format apply
 
 
-
 def first_message_end(request) -> tuple[int, ...]:
     """Where the prompt's first message (system prompt and tools) ends: just past its first
     turn-end token. A chat template closes every message with one, and vLLM counts the
@@ -60,6 +59,7 @@ def first_message_end(request) -> tuple[int, ...]:
         except ValueError:
             pass
     return (first + 1,) if first < len(ids) else ()
+
 
 class HiStateManager(OffloadingManager):
     def __init__(
