@@ -9,12 +9,12 @@ and tool definitions: agents keep that prefix and rewrite what follows it, so a 
 forks there before any fork was seen; in the shared Weka sessions about a third of the
 forks into a first prompt land within five 64-token blocks of it). Intermediate: every I*
 tokens of the new segment [start, prompt end), I* from `IntervalModel`, at most
-`max_intermediate` of them (thinned evenly); once internal hits were observed (forks.py: absolute depths, and
-forks a few blocks before the end of the context they left), re-chosen greedily under a
-mixture of the uniform prior and those depths, as many as pay for themselves; then, given
-the engine's prefill chunk, moved onto the chunk ends it takes anyway where the engine step
-that saves is worth more than the recomputation it adds (chunk_grid.py). Every position is
-a multiple of the block size and > the resume point.
+`max_intermediate` of them (thinned evenly); once internal hits were observed (forks.py:
+absolute depths, and forks a few blocks before the end of the context they left),
+re-chosen greedily under a mixture of the uniform prior and those depths, as many as pay
+for themselves; then, given the engine's prefill chunk, moved onto the chunk ends it takes
+anyway where the engine step that saves is worth more than the recomputation it adds
+(chunk_grid.py). Every position is a multiple of the block size and > the resume point.
 """
 
 from __future__ import annotations
