@@ -344,18 +344,19 @@ class Orchestrator:
         for key in accepted:
             slot = None if short else self.pool.alloc(items[key].nbytes)
             if slot is None:
-                if not short:
-                    short = True
-                    item = items[key]
+                back = [key]
+                item = items[key]
+                if not short and item.kind == Kind.STATE:
+                    # Its checkpoint's other groups, placed just before it, go back too.
                     while (out and items[out[-1][0]].kind == Kind.STATE
-                           and item.kind == Kind.STATE
                            and items[out[-1][0]].position == item.position):
-                        sibling, taken = out.pop()  # its checkpoint's other groups
+                        sibling, taken = out.pop()
                         self.pool.free(taken, items[sibling].nbytes)
-                        self.stats["slot_short"] += 1
-                        self.policy.committed(sibling, Tier.DRAM, False)
-                self.stats["slot_short"] += 1
-                self.policy.committed(key, Tier.DRAM, False)
+                        back.append(sibling)
+                short = True
+                for k in back:
+                    self.stats["slot_short"] += 1
+                    self.policy.committed(k, Tier.DRAM, False)
                 continue
             out.append((key, slot))
         return out

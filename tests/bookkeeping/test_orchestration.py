@@ -2,7 +2,7 @@
 directly."""
 
 from histate_vllm.bookkeeping.orchestration import BytePool, Orchestrator, SlotPool, headroom_bytes
-from histate_vllm.policy import Tier, make_key, make_policy
+from histate_vllm.policy import Tier, key_group, make_key, make_policy
 
 BT = 256
 KEY = 1000  # bytes of one key (KV chunk or state page)
@@ -381,10 +381,10 @@ def test_a_step_that_runs_short_of_slots_keeps_no_partial_checkpoint():
         hb = hashes(4)
         keys = [make_key(h, 0) for h in hb] + [make_key(hb[-1], g) for g in (1, 2, 3)]
         orch.note_hit("r", 0)
-        stored, slots, _ = orch.offer("r", keys, [(i + 1) * BT for i in range(4)] + [4 * BT] * 3,
-                                      hb, 4 * BT + 1)
+        stored, _, _ = orch.offer("r", keys, [(i + 1) * BT for i in range(4)] + [4 * BT] * 3,
+                                  hb, 4 * BT + 1)
         orch.complete_store(stored, True)
-        states = [k for k in stored if k[-4:] != (0).to_bytes(4, "big")]
+        states = [k for k in stored if key_group(k) != 0]
         assert len(stored) == 4 + (3 if whole else 0), (free_slots, stored)
         assert len(states) == (3 if whole else 0)
         assert orch.pool.in_use() == len(stored)  # the given-back page's slot is free again
