@@ -9,7 +9,8 @@ per name), F times the GPU cache's capacity in all, sized once the engine says h
 tokens its blocks hold (it depends on the machine: 256 or 384 for the tiny model).
 {"name", "batch": [request, ...]} sends its requests together. Instead of "prompt", "parts":
 [{"seed", "blocks", "tokens"}, ...] builds one from whole KV blocks of the engine (or of
-"prompt_block_size", so an engine with other blocks gets the same prompts).
+"prompt_block_size", so an engine with other blocks gets the same prompts); a part
+{"ids": [...]} is those token ids as given (a turn-end token, say).
 "step_times": true adds to each request the worker's model steps while it ran ([start s
 after it was sent, duration s, tokens scheduled]). Any request may say "settle": true:
 before it (a flood: before its first prompt) the runner waits until the connector's SSD
@@ -192,8 +193,12 @@ def flood_prompts(name: str, total_tokens: int, prompt_tokens: int) -> list[tupl
 
 def part_tokens(part: dict, block_size: int) -> list[int]:
     """Tokens of a prompt part: `blocks` whole blocks plus `tokens`, deterministic per
-    `seed` (two parts with the same seed and length are the same tokens)."""
+    `seed` (two parts with the same seed and length are the same tokens), or the part's
+    own `ids`."""
     import random
+
+    if "ids" in part:
+        return list(part["ids"])
 
     rng = random.Random(f"part:{part['seed']}")
     n = part.get("blocks", 0) * block_size + part.get("tokens", 0)

