@@ -59,6 +59,15 @@ def run_engine(workdir: Path, name: str, spec: dict, timeout: float = 600) -> En
     return EngineRun(code, results, log)
 
 
+def run_cold(workdir: Path, name: str, spec: dict, chunk: int) -> EngineRun:
+    """A cold reference: `spec` with prefix caching off and `chunk`-token prefill chunks (two
+    such runs with different chunks give vLLM's own noise: exactness.py)."""
+    run = run_engine(workdir, name, {**spec, "prefix_caching": False,
+                                     "max_num_batched_tokens": chunk})
+    assert run.returncode == 0, run.log[-4000:]
+    return run
+
+
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def ssm_dtype(request) -> str:
     """The recurrent-state dtype: float32 is what vLLM picks on AVX-512 BF16 CPUs (384-token

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_engine
+from conftest import run_cold, run_engine
 from exactness import matches, measured_tolerance
 
 pytestmark = pytest.mark.engine
@@ -63,12 +63,9 @@ def run_h(tiny_model, ssm_dtype, work):
 def _cold(tiny_model, ssm_dtype, work, run_h, name, chunk):
     # The same prompts: built from H's block size (this engine's blocks differ).
     spec = dict(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, ssm_dtype=ssm_dtype,
-                prefix_caching=False, max_model_len=MAX_MODEL_LEN,
-                prompt_block_size=run_h.block_size, max_num_batched_tokens=chunk,
+                max_model_len=MAX_MODEL_LEN, prompt_block_size=run_h.block_size,
                 requests=[_req("R1", R1), _req("R2", R2)])
-    run = run_engine(work, name, spec)
-    assert run.returncode == 0, run.log[-4000:]
-    return run
+    return run_cold(work, name, spec, chunk)
 
 
 @pytest.fixture(scope="module")

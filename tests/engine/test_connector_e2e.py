@@ -38,7 +38,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conftest import run_engine
+from conftest import run_cold, run_engine
 from exactness import assert_caught, assert_same_as_alone, matches, measured_tolerance
 
 pytestmark = pytest.mark.engine
@@ -151,11 +151,8 @@ def run_w(tiny_model, ssm_dtype, work):
 
 
 def _cold(tiny_model, ssm_dtype, work, name, chunk):
-    spec = _engine(tiny_model, ssm_dtype, prefix_caching=False, max_num_batched_tokens=chunk,
-                   requests=[_req(n, p) for n, p in CHECKED.items()])
-    run = run_engine(work, name, spec)
-    assert run.returncode == 0, run.log[-4000:]
-    return run
+    spec = _engine(tiny_model, ssm_dtype, requests=[_req(n, p) for n, p in CHECKED.items()])
+    return run_cold(work, name, spec, chunk)
 
 
 @pytest.fixture(scope="module")
