@@ -40,8 +40,8 @@ from histate_vllm.vllm_glue.transfer_specs import (
     SSDWrite,
 )
 
-logger = init_logger(f"vllm.{__name__}")
-_MEDIUM = {Tier.DRAM: Medium.CPU, Tier.SSD: Medium.STORAGE}  # under vllm: its log level and format apply
+logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
+_MEDIUM = {Tier.DRAM: Medium.CPU, Tier.SSD: Medium.STORAGE}
 
 
 def first_message_end(request) -> tuple[int, ...]:
