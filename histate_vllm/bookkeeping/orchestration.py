@@ -232,13 +232,13 @@ class Orchestrator:
         return self._planned.get(request_id)
 
     def plan(self, request_id: str, block_hashes: list[bytes], num_prompt_tokens: int,
-             message_ends: Sequence[int] = ()) -> list[int]:
+             boundaries: Sequence[int] = ()) -> list[int]:
         """The capture plan (ascending positions), made once per request and remembered."""
         plan = self._planned.get(request_id)
         if plan is None:
             plan = self._planned[request_id] = self.policy.plan_captures(
                 request_id, block_hashes, num_prompt_tokens, self._hit_tokens.get(request_id, 0),
-                message_ends)
+                boundaries)
         return plan
 
     def request_finished(self, request_id: str) -> None:

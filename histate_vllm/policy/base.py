@@ -96,7 +96,7 @@ class PolicyCore(ABC):
         block_hashes: Sequence[bytes],
         num_prompt_tokens: int,
         hit_tokens: int,
-        message_ends: Sequence[int] = (),
+        boundaries: Sequence[int] = (),
     ) -> list[int]:
         """Block-aligned token positions (ascending) to take checkpoints at.
 
@@ -105,8 +105,9 @@ class PolicyCore(ABC):
         The plan is remembered until `request_finished`: STATE items of this request at other
         positions (and not `terminal`) are refused by `admit`, and what the request stores
         (its KV chunks, and the checkpoints it leaves on the way) is not evicted until then.
-        `message_ends`: token positions where a message of the prompt ends, known to the
-        caller (the planner checkpoints there: planner.py).
+        `boundaries`: token positions known before any fork where later prompts tend to
+        diverge (the end of the prompt's first message, breakpoints the client declared);
+        the planner checkpoints there (planner.py).
         """
 
     @abstractmethod

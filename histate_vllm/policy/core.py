@@ -371,11 +371,11 @@ class HiStatePolicy(Residency, PolicyCore):
         return _fastest(e.resident)
 
     def plan_captures(self, request_id, block_hashes, num_prompt_tokens, hit_tokens,
-                      message_ends=(), identity=None) -> list[int]:
+                      boundaries=(), identity=None) -> list[int]:
         hit = self.restorable(block_hashes, identity=identity)
         self._observe_fork(block_hashes, hit.shared, identity)
         plan = self.planner.plan(num_prompt_tokens, hit_tokens, hit.position, hit.shared,
-                                 message_ends)
+                                 boundaries)
         positions = [p for p in plan.positions if p != hit.position]
         plans = self.plans
         plans[request_id] = set(positions)

@@ -259,10 +259,10 @@ class LRUPolicy(PolicyCore):
                       states_known=known)
 
     def plan_captures(self, request_id, block_hashes, num_prompt_tokens, hit_tokens,
-                      message_ends=()) -> list[int]:
+                      boundaries=()) -> list[int]:
         hit = self.restorable(block_hashes)
         plan = self.planner.plan(num_prompt_tokens, hit_tokens, hit.position, hit.shared,
-                                 message_ends)
+                                 boundaries)
         self.log.emit(ev.PLAN, request_id=request_id, positions=plan.positions,
                       position=hit.position, reason=plan.reason)
         return plan.positions

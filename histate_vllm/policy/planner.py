@@ -4,12 +4,15 @@ Always: the prompt end (vLLM keeps the last prompt token for sampling, so the la
 boundary before it), the point where reused history ended when no managed checkpoint sits
 there, a learned boundary (Gufo): the end of the longest cached prefix when it reaches
 >= `learn_min_tokens` past the deepest restorable checkpoint, and the block boundary at or
-before the end of the prompt's first message when the caller knows it (the system prompt
-and tool definitions: agents keep that prefix and rewrite what follows it, so a later turn
-forks there before any fork was seen; in the shared Weka sessions about a third of the
-forks into a first prompt land within five 64-token blocks of it). Intermediate: every I*
-tokens of the new segment [start, prompt end), I* from `IntervalModel`, at most
-`max_intermediate` of them (thinned evenly); once internal hits were observed (forks.py:
+before each of the prompt's boundaries, points known before any fork where later prompts
+tend to diverge: the end of the prompt's first message (the system prompt and tool
+definitions: agents keep that prefix and rewrite what follows it; in the shared Weka
+sessions about a third of the forks into a first prompt land within five 64-token blocks
+of it) and the breakpoints the client declares (the ends of the sections it marks
+cacheable, as Anthropic's `cache_control` does: Claude Code marks the tool definitions,
+whose end is where a new conversation of the same agent leaves the old one).
+Intermediate: every I* tokens of the new segment [start, prompt end), I* from
+`IntervalModel`, at most `max_intermediate` of them (thinned evenly); once internal hits were observed (forks.py:
 absolute depths, and forks a few blocks before the end of the context they left),
 re-chosen greedily under a mixture of the uniform prior and those depths, as many as pay
 for themselves; then, given the engine's prefill chunk, moved onto the chunk ends it takes
@@ -29,7 +32,7 @@ from .interval import IntervalModel
 PROMPT_END = "prompt_end"
 REUSED_END = "reused_end"
 LEARNED = "learned"
-MESSAGE_END = "message_end"
+BOUNDARY = "boundary"
 INTERVAL = "interval"
 
 
@@ -63,9 +66,10 @@ class CapturePlanner:
         return max(0, (num_prompt_tokens - 1) // bt * bt)
 
     def plan(self, num_prompt_tokens: int, hit_tokens: int, restorable: int, shared: int,
-             message_ends: Sequence[int] = ()) -> Plan:
+             boundaries: Sequence[int] = ()) -> Plan:
         """`restorable`/`shared` come from the prefix index (`Hit.position` / `Hit.shared`);
-        `message_ends`: token positions where a message of the prompt ends."""
+        `boundaries`: token positions known before any fork where later prompts tend to
+        diverge (see the module docstring)."""
         bt = self.block_tokens
         end = self.prompt_end(num_prompt_tokens)
         start = hit_tokens // bt * bt
@@ -77,10 +81,10 @@ class CapturePlanner:
             notes.append(f"prompt end {end} not past the resume point {start}")
         if start > 0 and start != restorable and start <= end:
             labels.setdefault(start, REUSED_END)
-        for m in message_ends:
+        for m in boundaries:
             at = m // bt * bt
             if start < at < end:
-                labels.setdefault(at, MESSAGE_END)
+                labels.setdefault(at, BOUNDARY)
         learned = min(shared // bt * bt, end)
         if shared - restorable >= self.learn_min_tokens and learned > start:
             labels.setdefault(learned, LEARNED)

@@ -30,6 +30,7 @@ from histate_vllm.bookkeeping.orchestration import Orchestrator, SlotPool, headr
 from histate_vllm.bookkeeping.resumable import ResumableView
 from histate_vllm.config import HiStateConfig
 from histate_vllm.policy import Tier, make_policy
+from histate_vllm.vllm_glue.boundaries import prompt_boundaries
 from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots, ssd_payload_budget
 from histate_vllm.vllm_glue.observer import Observer
 from histate_vllm.vllm_glue.transfer_specs import (
@@ -42,23 +43,6 @@ from histate_vllm.vllm_glue.transfer_specs import (
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 _MEDIUM = {Tier.DRAM: Medium.CPU, Tier.SSD: Medium.STORAGE}
-
-
-def first_message_end(request) -> tuple[int, ...]:
-    """Where the prompt's first message (system prompt and tools) ends: just past its first
-    turn-end token. A chat template closes every message with one, and vLLM counts the
-    model's turn-end tokens among a request's stop tokens. () when the prompt has none."""
-    params = getattr(request, "sampling_params", None)
-    ids = request.prompt_token_ids
-    if params is None or not ids:
-        return ()
-    first = len(ids)
-    for token in params.all_stop_token_ids:
-        try:
-            first = ids.index(token, 0, first)  # C-speed scan, bounded by the best so far
-        except ValueError:
-            pass
-    return (first + 1,) if first < len(ids) else ()
 
 
 class HiStateManager(OffloadingManager):
@@ -188,7 +172,7 @@ class HiStateManager(OffloadingManager):
         plan = self.orch.planned(request.request_id)
         if plan is None:
             plan = self.orch.plan(request.request_id, self._block_hashes(request),
-                                  request.num_prompt_tokens, first_message_end(request))
+                                  request.num_prompt_tokens, prompt_boundaries(request))
         return plan
 
     def set_step_cost(self, tokens: float, fixed_s: float, per_token_s: float) -> None:

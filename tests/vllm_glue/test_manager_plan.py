@@ -71,7 +71,7 @@ def test_the_first_message_end_is_found_in_the_token_ids_and_planned():
     the block boundary at or before it; a prompt without one gets no such point."""
     from types import SimpleNamespace
 
-    from histate_vllm.vllm_glue.manager import first_message_end
+    from histate_vllm.vllm_glue.boundaries import first_message_end
 
     r = Req("m", 3000)
     r.prompt_token_ids = [5] * 3000
@@ -88,3 +88,40 @@ def test_the_first_message_end_is_found_in_the_token_ids_and_planned():
     assert first_message_end(r) == ()
     del r.sampling_params
     assert first_message_end(r) == ()
+
+
+def test_client_breakpoints_are_planned_and_bad_ones_skipped(caplog):
+    """`kv_transfer_params["histate_breakpoints"]`: token positions the client marks (as
+    Anthropic's cache_control). Valid ones are planned at the block boundary at or before
+    them; a bad value is logged and skipped, never failing the request."""
+    from histate_vllm.vllm_glue.boundaries import (
+        BREAKPOINTS_KEY,
+        MAX_BREAKPOINTS,
+        client_breakpoints,
+        prompt_boundaries,
+    )
+
+    r = Req("b", 3000)
+    assert client_breakpoints(r) == ()  # no kv_transfer_params at all
+    r.kv_transfer_params = {"other": 1}
+    assert client_breakpoints(r) == ()
+    r.kv_transfer_params = {BREAKPOINTS_KEY: [800, 1700]}
+    assert prompt_boundaries(r) == (800, 1700)  # no stop tokens known: no message end
+    cfg = HiStateConfig.from_extra_config({"dram_bytes": 100 * KEY})
+    m = HiStateManager(LAYOUT, cfg, tokens_per_hash=BT, max_model_len=1 << 16,
+                       step_tokens=2048, chunk_tokens=2048)
+    m.register_request(r)
+    m.note_hit(r, 0, 0, None)
+    got = m.capture_positions(r)
+    assert {800 // BT * BT, 1700 // BT * BT} <= set(got)
+    assert 800 // BT * BT not in plan(None)  # the uncued plan has no point there
+
+    with caplog.at_level("WARNING"):
+        r.kv_transfer_params = {BREAKPOINTS_KEY: [0, -5, 3001, "9", True, 1.5, 900]}
+        assert client_breakpoints(r) == (900,)
+        r.kv_transfer_params = {BREAKPOINTS_KEY: "900"}
+        assert client_breakpoints(r) == ()
+        r.kv_transfer_params = {BREAKPOINTS_KEY: list(range(1, 100))}
+        assert client_breakpoints(r) == tuple(range(1, MAX_BREAKPOINTS + 1))
+    text = caplog.text
+    assert "not token positions" in text and "must be a list" in text and "only the first" in text
