@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="free (default): a checkpoint's extra prefill chunk end costs nothing "
                         "(a split compute-bound chunk, under the roofline); charged: one more "
                         "weight pass each (an upper bound), and HiState's planner knows it")
+    s.add_argument("--breakpoints", choices=["declared", "none"], default="declared",
+                   help="declared (default): the client's breakpoints the trace records (Weka: "
+                        "ends of the tool definitions and system prompt) reach the server, "
+                        "which checkpoints there; none: a client that marks nothing")
     s.add_argument("--ssd-queue-mib", type=_mib_or_none, dest="ssd_queue_bytes",
                    default=DEFAULT_SSD_QUEUE_BYTES,
                    help="bound on queued SSD writes, MiB, or 'none' (default: the "
@@ -201,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="end a session at its first longer request (0: no limit)")
     v.add_argument("--warm-prefix", type=int, default=0, metavar="TOKENS",
                    help="the same TOKENS tokens in front of every prompt")
+    v.add_argument("--breakpoints", choices=["declared", "none"], default="declared",
+                   help="declared (default): send the trace's client breakpoints as "
+                        "kv_transfer_params (HiState checkpoints there; vLLM alone ignores "
+                        "them); none: send none")
     v.add_argument("--recycle", action="store_true",
                    help="users start the workload again (new conversations) when it runs out")
     v.add_argument("--block-tokens", type=int, default=16, metavar="TOKENS",
@@ -224,7 +232,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         model=a.model, device=a.device, gpu_bytes=a.gpu_bytes, dram_bytes=a.dram_bytes,
         ssd_bytes=a.ssd_bytes, block_tokens=a.block_tokens, chunk_tokens=a.chunk_tokens,
         mfu=a.mfu, core_options=_options(a.histate_option), ssd_writes=a.ssd_writes,
-        chunk_ends=a.chunk_ends,
+        chunk_ends=a.chunk_ends, breakpoints=a.breakpoints,
         ssd_queue_bytes=a.ssd_queue_bytes, ssd_write_bw=a.ssd_write_gbps * 1e9
         if a.ssd_write_gbps else None,
         replay=ReplaySettings(concurrency=a.concurrency, seed=a.seed, ramp=ramp,
@@ -344,7 +352,8 @@ def cmd_live(a: argparse.Namespace) -> int:
                      max_output_tokens=a.max_output_tokens, vocab=a.vocab,
                      request_timeout=a.timeout, gap=a.gap, max_delay=a.max_delay,
                      max_context=a.max_context, warm_prefix_tokens=a.warm_prefix,
-                     recycle=a.recycle, block_tokens=a.block_tokens)
+                     recycle=a.recycle, block_tokens=a.block_tokens,
+                     breakpoints=a.breakpoints == "declared")
     import httpx
 
     try:

@@ -70,6 +70,9 @@ class LiveConfig:
     session_header: str | None = None
     run: int = 0  # != 0: every prompt salted for this run (runs on one server share nothing)
     block_tokens: int = SHARE_GRAIN  # the server's block size, for the reuse ceiling
+    # Send the client's breakpoints the trace records (Request.breakpoints) as
+    # kv_transfer_params["histate_breakpoints"]; a server without HiState ignores them.
+    breakpoints: bool = True
 
     def __post_init__(self) -> None:
         if self.gap not in ("think", "arrival"):
@@ -181,10 +184,21 @@ async def _first_model(client, url: str) -> str:
     return r.json()["data"][0]["id"]
 
 
+def breakpoints(req: Request, n_tokens: int, cfg: LiveConfig) -> list[int]:
+    """The trace's client breakpoints inside the prompt sent (after the warm prefix)."""
+    if not cfg.breakpoints:
+        return []
+    warm = cfg.warm_prefix_tokens
+    return [warm + b for b in req.breakpoints if 0 < warm + b <= n_tokens]
+
+
 async def _complete(client, url: str, model: str, tokens: list[int], max_tokens: int,
-                    timeout: float, t_start: float, headers: dict | None = None) -> dict:
+                    timeout: float, t_start: float, headers: dict | None = None,
+                    marks: list[int] | None = None) -> dict:
     body = {"model": model, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    if marks:
+        body["kv_transfer_params"] = {"histate_breakpoints": marks}
     t0 = time.perf_counter()
     ttft = None
     usage = None
@@ -256,7 +270,7 @@ async def _replay(workload: Workload, cfg: LiveConfig, bar) -> tuple[list[dict],
                         max(1, min(req.output_tokens, cfg.max_output_tokens)),
                         cfg.request_timeout, t_start,
                         {cfg.session_header: f"{cfg.run}-{salt}-{s.id}"}
-                        if cfg.session_header else None))
+                        if cfg.session_header else None, breakpoints(req, len(tokens), cfg)))
                     rec["ok"] = True
                 except Exception as exc:  # noqa: BLE001 - recorded, never fatal
                     rec.update(ok=False, error=f"{type(exc).__name__}: {exc}")

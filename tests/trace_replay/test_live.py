@@ -111,6 +111,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     prompts: list = []
     sessions: list = []  # the X-Session-ID header of each request
+    params: list = []  # the kv_transfer_params of each request
 
     def log_message(self, *args):
         pass
@@ -126,6 +127,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Handler.prompts.append(req["prompt"])
         _Handler.sessions.append(self.headers.get("X-Session-ID"))
+        _Handler.params.append(req.get("kv_transfer_params"))
         time.sleep(self.delay)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -223,6 +225,29 @@ def test_a_router_sees_each_session_by_name_and_runs_share_no_prompt():
     runs = [prompt_tokens(req, wl.block_size, LiveConfig(run=k)) for k in (1, 2)]
     assert len({tuple(plain[:64]), *(tuple(r[:64]) for r in runs)}) == 3
     assert prompt_tokens(req, wl.block_size, LiveConfig(run=0)) == plain
+
+
+def test_the_client_breakpoints_go_to_the_server_after_the_warm_prefix():
+    """The trace's breakpoints (Weka: where the tools and the system prompt end) reach the
+    server as kv_transfer_params, shifted past the warm prefix; those past the prompt sent
+    are dropped; --breakpoints none sends nothing."""
+    import msgspec
+
+    wl = synth.append_pattern(SHAPE)
+    first = wl.sessions[0].requests[0]
+    marked = msgspec.structs.replace(first, breakpoints=(64, 10**6))
+    sessions = (msgspec.structs.replace(wl.sessions[0], requests=(marked,)),)
+    wl = msgspec.structs.replace(wl, sessions=sessions)
+    server = _Server(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for declared, want in ((True, {"histate_breakpoints": [74]}), (False, None)):
+            _Handler.params = []
+            replay_live(wl, LiveConfig(url=url, warm_prefix_tokens=10, breakpoints=declared))
+            assert _Handler.params == [want]
+    finally:
+        server.shutdown()
 
 
 def test_shared_prefixes_measure_what_any_cache_could_reuse():

@@ -139,8 +139,12 @@ def test_weka_main_prompts_carry_where_their_system_prompt_and_tools_end(weka):
     end = raw["system_tokens"] + raw["tool_tokens"]
     assert end > 0
     assert all(r.message_end == end for r in wl.session("trace_0276").requests)
+    # The client's breakpoints: the tools' end (they come first), then the system prompt's.
+    marks = (raw["tool_tokens"], end)
+    assert all(r.breakpoints == marks for r in wl.session("trace_0276").requests)
     subs = [s for s in wl.sessions if s.kind == "subagent"]
-    assert subs and all(r.message_end == 0 for s in subs for r in s.requests)
+    assert subs and all(r.message_end == 0 and r.breakpoints == () for s in subs
+                        for r in s.requests)
 
 
 def test_weka_prompt_extension_rate(weka):

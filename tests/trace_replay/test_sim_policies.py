@@ -106,6 +106,22 @@ def test_junction_checkpoint_serves_the_next_fork():
         assert res.hit[rid(prep, "A", 2)] == 3000 // BS * BS, policy
 
 
+def test_a_declared_breakpoint_serves_the_first_fork_there():
+    """A new conversation keeps the first prompt's first 5,000 tokens (the tools): the
+    client declared that point, so the first prompt leaves a state there and the first
+    fork resumes from it; a client that declares nothing gets only the interval's."""
+    import msgspec
+
+    a = SessionBuilder("A").turn(20000).turn(300, cut=5000)
+    a.reqs = [msgspec.structs.replace(r, breakpoints=(5000,)) for r in a.reqs]
+    wl = workload(a)
+    kw = {"gpu": 4 * GiB, "dram": 4 * GiB, "ssd": 4 * GiB}
+    prep, hs = run(wl, "histate", **kw)
+    assert hs.hit[rid(prep, "A", 1)] == 5000 // BS * BS
+    prep, plain = run(wl, "histate", breakpoints="none", **kw)
+    assert plain.hit[rid(prep, "A", 1)] < 5000 // BS * BS
+
+
 def test_histate_drives_the_real_policy_core():
     assert isinstance(make("histate", _ctx()).core, HiStatePolicy)
     assert isinstance(make("lru-disk", _ctx()).core, LRUPolicy)

@@ -84,9 +84,11 @@ def _build(path, raw, entries, seed, sid, start, parent, agent_id, where, out) -
     chainer = Chainer(seed)
     bs = raw.block_size
     kind = "main" if parent is None else "subagent"
-    # The session's system prompt and tools come first in every main prompt (a subagent's
-    # own are not recorded).
+    # The session's tools and system prompt come first in every main prompt, in that order
+    # (a subagent's own are not recorded): the client marks both ends as cacheable. A new
+    # conversation of the same agent leaves the old one where the tools end.
     message_end = raw.system_tokens + raw.tool_tokens if parent is None else 0
+    breakpoints = tuple(sorted({raw.tool_tokens, message_end} - {0})) if parent is None else ()
     requests: list[Request] = []
     children: list[tuple[_Subagent, str]] = []
     prev: _Call | None = None
@@ -123,6 +125,7 @@ def _build(path, raw, entries, seed, sid, start, parent, agent_id, where, out) -
                 label=type(e).__struct_config__.tag,
                 api_time=e.api_time,
                 message_end=message_end,
+                breakpoints=breakpoints,
             )
         )
         prev = e

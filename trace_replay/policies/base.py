@@ -42,6 +42,9 @@ class PolicyContext:
     # The SSD (shared with the simulator: restores read it, SSD copies are written to it
     # through its bounded queue). None: writes are free and never dropped.
     drive: Drive | None = None
+    # Whether the client's breakpoints (Request.breakpoints) reach the server: HiState's
+    # planner checkpoints there (as the connector does with kv_transfer_params).
+    client_breakpoints: bool = True
 
     @property
     def kv_block_bytes(self) -> int:

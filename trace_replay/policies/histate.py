@@ -114,8 +114,10 @@ class CoreAdapter(SimPolicy):
             job.resume = g * B
         orch.note_hit(job.request_id, job.resume, lambda: hb[:g])
         # Where the prompt's first message ends, when the trace records it (what the engine
-        # reads from the token ids: manager.first_message_end).
+        # reads from the token ids), and the client's breakpoints (vllm_glue/boundaries.py).
         ends = (job.req.message_end,) if job.req.message_end else ()
+        if self.ctx.client_breakpoints:
+            ends += job.req.breakpoints
         job.captures = orch.plan(job.request_id, hb, job.input_tokens, ends)
         held = list(hl[:g])
         if g:
