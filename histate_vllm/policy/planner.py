@@ -9,8 +9,8 @@ tend to diverge: the end of the prompt's first message (the system prompt and to
 definitions: agents keep that prefix and rewrite what follows it; in the shared Weka
 sessions about a third of the forks into a first prompt land within five 64-token blocks
 of it) and the breakpoints the client declares (the ends of the sections it marks
-cacheable, as Anthropic's `cache_control` does: Claude Code marks the tool definitions,
-whose end is where a new conversation of the same agent leaves the old one).
+cacheable, as with Anthropic's `cache_control`; in the Weka sessions a new conversation of
+the same agent leaves the old one where the tool definitions end, before the system prompt).
 Intermediate: every I* tokens of the new segment [start, prompt end), I* from
 `IntervalModel`, at most `max_intermediate` of them (thinned evenly); once internal hits were observed (forks.py:
 absolute depths, and forks a few blocks before the end of the context they left),

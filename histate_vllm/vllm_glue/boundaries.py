@@ -2,9 +2,9 @@
 there): the end of its first message, read from the token ids, and the breakpoints its client
 declares in the request's `kv_transfer_params`.
 
-A client declares breakpoints as Anthropic's `cache_control` marks cacheable sections (Claude
-Code marks the end of its tool definitions and of its system prompt): token positions from
-the prompt's first token, e.g. `"kv_transfer_params": {"histate_breakpoints": [12544, 15360]}`.
+A client declares breakpoints where a section it expects to reuse ends (its tool definitions,
+its system prompt), as Anthropic's `cache_control` marks them: token positions from the
+prompt's first token, e.g. `"kv_transfer_params": {"histate_breakpoints": [12544, 15360]}`.
 A bad value is logged and skipped, as vLLM's offloading connector treats its own request
 parameters: a hint never fails a request."""
 

@@ -85,8 +85,9 @@ def _build(path, raw, entries, seed, sid, start, parent, agent_id, where, out) -
     bs = raw.block_size
     kind = "main" if parent is None else "subagent"
     # The session's tools and system prompt come first in every main prompt, in that order
-    # (a subagent's own are not recorded): the client marks both ends as cacheable. A new
-    # conversation of the same agent leaves the old one where the tools end.
+    # (a subagent's own are not recorded). Both ends are the client's breakpoints, the
+    # sections it reuses: a new conversation of the same agent leaves the old one where the
+    # tools end.
     message_end = raw.system_tokens + raw.tool_tokens if parent is None else 0
     breakpoints = tuple(sorted({raw.tool_tokens, message_end} - {0})) if parent is None else ()
     requests: list[Request] = []
