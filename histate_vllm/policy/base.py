@@ -79,6 +79,10 @@ class PolicyCore(ABC):
     def unpin(self, keys: Iterable[bytes]) -> None: ...
 
     @abstractmethod
+    def pinned(self, key: bytes) -> int:
+        """How many pins the key holds now (loads and SSD writes reading its copies)."""
+
+    @abstractmethod
     def hit(self, keys: Iterable[bytes], copies: bool = True) -> None:
         """A restore used these keys (KV chunks and the checkpoint): refresh recency.
         copies=False: the GPU served them (HiState: its copies still become the most recent,

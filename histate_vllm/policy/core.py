@@ -242,6 +242,9 @@ class HiStatePolicy(Residency, PolicyCore):
             if e is not None:
                 e.pins += 1
 
+    def pinned(self, key: bytes) -> int:
+        return self._pins.get(key, 0)
+
     def unpin(self, keys: Iterable[bytes]) -> None:
         for k in keys:
             c = self._pins.get(k, 0)

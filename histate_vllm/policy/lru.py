@@ -216,6 +216,9 @@ class LRUPolicy(PolicyCore):
         for k in keys:
             self._pins[k] = self._pins.get(k, 0) + 1
 
+    def pinned(self, key: bytes) -> int:
+        return self._pins.get(key, 0)
+
     def unpin(self, keys: Iterable[bytes]) -> None:
         for k in keys:
             n = self._pins.get(k, 0) - 1

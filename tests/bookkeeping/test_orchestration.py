@@ -346,8 +346,10 @@ def test_a_state_moved_during_a_held_step_takes_its_chunks_along():
 
 
 def test_moves_are_never_held():
-    """A move carries data DRAM drops: a prefill step issues it like any other."""
-    orch, policy, clock, _ = build(slots=8, ssd_keys=64)
+    """A move carries data DRAM drops: a prefill step issues it like any other. (The pool
+    keeps a step's worth of slots beyond the policy's budget for the moves' slots, as the
+    manager does: headroom_bytes.)"""
+    orch, policy, clock, _ = build(slots=14, ssd_keys=64, headroom_keys=6)
     policy.set_budget(Tier.SSD, 0)  # no room on SSD for a's copies: DRAM holds it alone
     store(orch, "a", hashes(6, b"a"), set())
     policy.set_budget(Tier.SSD, 64 * KEY)
@@ -391,3 +393,52 @@ def test_a_step_that_runs_short_of_slots_keeps_no_partial_checkpoint():
         assert policy.restorable(hb).position == (4 * BT if whole else 0)
         assert orch.stats["slot_short"] == (0 if whole else 3)
         policy.check_invariants()
+
+
+def test_a_step_short_of_slots_takes_one_from_a_dram_copy_ssd_also_holds():
+    """vLLM never offers a refused key again: a refused KV chunk would end the prompt's
+    chain there. So when the pool runs short (slots of moves in flight), a DRAM copy that
+    SSD also holds gives up its slot first: nothing is lost, it is read from SSD later.
+    Control: with no SSD copies anywhere the step's deepest key is refused, as before."""
+    for has_copies in (True, False):
+        orch, policy, _, _ = build(slots=8, ssd_keys=64 if has_copies else 0)
+        a = hashes(4, b"a")
+        store(orch, "a", a, {4})  # 5 keys; with SSD each is also copied there
+        held = [orch.pool.alloc(KEY) for _ in range(3)]  # moves in flight hold the rest
+        assert None not in held and orch.pool.alloc(KEY) is None
+        b = hashes(2, b"b")
+        orch.note_hit("b", 0)
+        keys = [make_key(h, 0) for h in b]
+        stored, _, _ = orch.offer("b", keys, [BT, 2 * BT], b, 2 * BT + 1)
+        orch.complete_store(stored, True)
+        if has_copies:
+            assert stored == keys and orch.stats["slot_short"] == 0
+            assert orch.stats["slot_freed_copy"] == 2
+            assert policy.restorable(a).position == 4 * BT  # a's copies left DRAM only
+            assert all(orch.readable(make_key(h, 0)) for h in a)
+        else:
+            assert stored == [] and orch.stats["slot_short"] == 2
+        policy.check_invariants()
+
+
+def test_a_kv_chunk_short_of_a_slot_takes_one_from_a_move_not_yet_issued():
+    """No headroom: the moves that make room for b's KV hold the slots b needs until they
+    are written. A KV chunk refused would end b's chain, so the moves still waiting for
+    the writer are deleted instead (a's copies the policy had evicted from DRAM); b's
+    whole prompt is stored and readable."""
+    orch, policy, clock, _ = build(slots=8, ssd_keys=64)
+    policy.set_budget(Tier.SSD, 0)  # no room on SSD for a's copies: DRAM holds it alone
+    a = hashes(6, b"a")
+    store(orch, "a", a, set())
+    policy.set_budget(Tier.SSD, 64 * KEY)
+    clock.t += 10
+    orch.write_budget = 0  # the writer takes nothing now: every move waits
+    b = hashes(6, b"b")
+    orch.note_hit("b", 0)
+    keys = _offer_blocks(orch, "b", b, 0, 6, set(), 6 * BT + 1)
+    assert keys == [make_key(h, 0) for h in b] and orch.stats["slot_short"] == 0
+    assert all(orch.readable(k) for k in keys)
+    gone = [make_key(h, 0) for h in a if not orch.readable(make_key(h, 0))]
+    assert len(gone) == orch.stats["slot_freed_move"] > 0
+    assert not set(gone) & {w.key for w in orch._spills}  # no longer waiting to move
+    policy.check_invariants()
