@@ -77,46 +77,38 @@ def cold(tiny_model, ssm_dtype, work, run_h):
     return ref, measured_tolerance([(run_cold(work, "C2", spec, 512), ref, ["M2", "B2"])])
 
 
-def test_the_first_message_end_is_planned_from_the_turn_end_token(run_h):
-    at = SYSTEM_BLOCKS * run_h.block_size
-    m1, n1 = planned(run_h, "M1"), planned(run_h, "N1")
-    print(f"{run_h.block_size}-token blocks: M1 plans {m1}, N1 (no turn-end token) {n1}")
-    assert run_h["M1"]["num_prompt_tokens"] == run_h["N1"]["num_prompt_tokens"]
-    assert at in m1, f"no checkpoint at the first message's end {at}: {m1}"
-    # Control: the same prompt shape without the token plans none there, so the position
-    # comes from the token and not from the interval or vLLM's chunk grid.
+# Per boundary: the prompt that must plan it, the blocks before it, the turn resuming there.
+CASES = {"message_end": ("M1", SYSTEM_BLOCKS, "M2"), "breakpoint": ("B1", TOOL_BLOCKS, "B2")}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_boundary_is_planned(run_h, case):
+    first, blocks, _ = CASES[case]
+    at = blocks * run_h.block_size
+    got, n1 = planned(run_h, first), planned(run_h, "N1")
+    print(f"{run_h.block_size}-token blocks: {first} plans {got}, N1 (neither) {n1}")
+    assert run_h[first]["num_prompt_tokens"] == run_h["N1"]["num_prompt_tokens"]
+    assert at in got, f"no checkpoint at {first}'s {case} {at}: {got}"
+    # Control: the same prompt shape with neither a turn-end token nor a breakpoint plans
+    # none there, so the position comes from the boundary and not from the interval or
+    # vLLM's chunk grid.
     assert at not in n1, f"N1 plans {at} too: {n1}"
 
 
-def test_a_turn_keeping_the_first_message_resumes_at_its_end(run_h):
-    at = SYSTEM_BLOCKS * run_h.block_size
+@pytest.mark.parametrize("case", CASES)
+def test_a_turn_keeping_the_prefix_resumes_at_the_boundary(run_h, case):
+    _, blocks, later = CASES[case]
+    at = blocks * run_h.block_size
     assert sum(r["num_prompt_tokens"] for r in run_h.flood("F")) >= run_h.capacity
-    m2 = run_h["M2"]
-    assert m2["num_cached_tokens"] == at, m2
+    got = run_h[later]
+    assert got["num_cached_tokens"] == at, got
     # Restored by the connector from DRAM (the flood emptied the GPU cache).
-    assert (m2["gpu_cached_tokens"], m2["restored"]) == (0, {"dram": at}), m2
+    assert (got["gpu_cached_tokens"], got["restored"]) == (0, {"dram": at}), got
 
 
-def test_the_restore_at_the_message_end_is_exact(run_h, cold):
+@pytest.mark.parametrize("case", CASES)
+def test_the_restore_at_the_boundary_is_exact(run_h, cold, case):
+    later = CASES[case][2]
     ref, tolerance = cold
-    ok, why = matches(run_h["M2"], ref["M2"], tolerance)
-    assert ok, f"M2 (cached {run_h['M2']['num_cached_tokens']}): {why}"
-
-
-def test_the_clients_breakpoint_is_planned(run_h):
-    at = TOOL_BLOCKS * run_h.block_size
-    b1, n1 = planned(run_h, "B1"), planned(run_h, "N1")
-    print(f"{run_h.block_size}-token blocks: B1 plans {b1}, N1 (no breakpoint) {n1}")
-    assert run_h["B1"]["num_prompt_tokens"] == run_h["N1"]["num_prompt_tokens"]
-    assert at in b1, f"no checkpoint at the client's breakpoint {at}: {b1}"
-    assert at not in n1, f"N1 plans {at} too: {n1}"
-
-
-def test_a_turn_keeping_the_marked_prefix_resumes_there_exactly(run_h, cold):
-    at = TOOL_BLOCKS * run_h.block_size
-    b2 = run_h["B2"]
-    assert b2["num_cached_tokens"] == at, b2
-    assert (b2["gpu_cached_tokens"], b2["restored"]) == (0, {"dram": at}), b2
-    ref, tolerance = cold
-    ok, why = matches(b2, ref["B2"], tolerance)
-    assert ok, f"B2 (cached {b2['num_cached_tokens']}): {why}"
+    ok, why = matches(run_h[later], ref[later], tolerance)
+    assert ok, f"{later} (cached {run_h[later]['num_cached_tokens']}): {why}"
