@@ -376,7 +376,11 @@ class Orchestrator:
         return slot
 
     def _free_a_slot(self, nbytes: int, moves_too: bool) -> bool:
+        if not self.has_ssd:  # no copies on SSD, no moves: nothing to take a slot from
+            return False
         pinned = self.policy.pinned
+        # Oldest first (insertion order); the scan runs only when a step is short, at most
+        # once per step (a refused key ends the step's stores: _fit_slots).
         for key, entry in self.entries.items():
             if (entry.on_ssd and entry.slot >= 0 and entry.dram_ready and not entry.ssd_pending
                     and entry.nbytes >= nbytes and not pinned(key)):
