@@ -156,7 +156,7 @@ class Orchestrator:
         # DRAM copies the policy moved to SSD, to be copied from their slots.
         self._spills: list[SSDWrite] = []
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0, "slot_freed_copy": 0,
-                      "slot_freed_move": 0, "states_ahead": 0,
+                      "states_ahead": 0,
                       "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0,
                       "backups_held": 0}
         # Called with every batch of policy events drained (metrics, the event log).
@@ -343,8 +343,7 @@ class Orchestrator:
         out: list[tuple[bytes, int]] = []
         short = False
         for key in accepted:
-            slot = None if short else self._alloc(items[key].nbytes,
-                                                  items[key].kind == Kind.KV)
+            slot = None if short else self._alloc(items[key].nbytes)
             if slot is None:
                 back = [key]
                 item = items[key]
@@ -363,20 +362,20 @@ class Orchestrator:
             out.append((key, slot))
         return out
 
-    def _alloc(self, nbytes: int, kv: bool) -> int | None:
-        """A DRAM slot for a key being stored. When the pool is short, one is freed before
-        the key is refused: a DRAM copy SSD also holds gives up its slot (nothing is lost:
-        it is read from SSD later). For a KV chunk, a move not yet handed to the writer
-        goes next (deleted instead of moved: a state first, else the deepest chunk): vLLM
-        never offers a refused key again, so the prompt's chain of KV would end at the
-        chunk refused and what it stores after it could never be read."""
+    def _alloc(self, nbytes: int) -> int | None:
+        """A DRAM slot for a key being stored. When the pool is short, a DRAM copy SSD also
+        holds gives up its slot before the key is refused (nothing is lost: it is read from
+        SSD later): vLLM never offers a refused key again, so a refused KV chunk ends the
+        prompt's chain there and what the prompt stores after it cannot be read. (Moves
+        still waiting for the writer keep their slots: deleting one instead loses what the
+        policy chose to keep on SSD, e.g. a checkpoint a fork needs.)"""
         slot = self.pool.alloc(nbytes)
-        while slot is None and self._free_a_slot(nbytes, kv):
+        while slot is None and self._free_a_copy(nbytes):
             slot = self.pool.alloc(nbytes)
         return slot
 
-    def _free_a_slot(self, nbytes: int, moves_too: bool) -> bool:
-        if not self.has_ssd:  # no copies on SSD, no moves: nothing to take a slot from
+    def _free_a_copy(self, nbytes: int) -> bool:
+        if not self.has_ssd:
             return False
         pinned = self.policy.pinned
         # Oldest first (insertion order); the scan runs only when a step is short, at most
@@ -391,19 +390,7 @@ class Orchestrator:
                     self.on_dram([key], True)
                 self.apply_demotions()
                 return True
-        if not moves_too:
-            return False
-        # Only the move's own pin: no load reads its slot.
-        moves = [w for w in self._spills if (e := self.entries.get(w.key)) is not None
-                 and e.nbytes >= nbytes and pinned(w.key) <= 1]
-        if not moves:
-            return False
-        w = max(moves, key=lambda m: (m.is_state, m.position))
-        self._spills.remove(w)
-        self.stats["slot_freed_move"] += 1
-        self._writing += self.entries[w.key].nbytes  # on_ssd_written takes it back
-        self.on_ssd_written({w.key: False})
-        return True
+        return False
 
     def _item(self, key: bytes, position: int | None, request_id: str,
               block_hashes: list[bytes], num_prompt_tokens: int) -> Item:

@@ -421,11 +421,10 @@ def test_a_step_short_of_slots_takes_one_from_a_dram_copy_ssd_also_holds():
         policy.check_invariants()
 
 
-def test_a_kv_chunk_short_of_a_slot_takes_one_from_a_move_not_yet_issued():
+def test_a_move_waiting_for_the_writer_keeps_its_slot():
     """No headroom: the moves that make room for b's KV hold the slots b needs until they
-    are written. A KV chunk refused would end b's chain, so the moves still waiting for
-    the writer are deleted instead (a's copies the policy had evicted from DRAM); b's
-    whole prompt is stored and readable."""
+    are written. They are not deleted to free them (the policy chose to keep that data on
+    SSD: it may be the checkpoint a later fork needs); b's deepest chunks are refused."""
     orch, policy, clock, _ = build(slots=8, ssd_keys=64)
     policy.set_budget(Tier.SSD, 0)  # no room on SSD for a's copies: DRAM holds it alone
     a = hashes(6, b"a")
@@ -436,9 +435,8 @@ def test_a_kv_chunk_short_of_a_slot_takes_one_from_a_move_not_yet_issued():
     b = hashes(6, b"b")
     orch.note_hit("b", 0)
     keys = _offer_blocks(orch, "b", b, 0, 6, set(), 6 * BT + 1)
-    assert keys == [make_key(h, 0) for h in b] and orch.stats["slot_short"] == 0
-    assert all(orch.readable(k) for k in keys)
-    gone = [make_key(h, 0) for h in a if not orch.readable(make_key(h, 0))]
-    assert len(gone) == orch.stats["slot_freed_move"] > 0
-    assert not set(gone) & {w.key for w in orch._spills}  # no longer waiting to move
+    moving = [w.key for w in orch._spills]
+    assert moving and orch.stats["slot_short"] > 0 and orch.stats["slot_freed_copy"] == 0
+    assert keys == [make_key(h, 0) for h in b][:len(keys)]  # a prefix of b: its head
+    assert all(orch.readable(k) for k in moving)  # every move still readable from DRAM
     policy.check_invariants()
