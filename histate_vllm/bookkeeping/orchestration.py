@@ -385,9 +385,7 @@ class Orchestrator:
                     and entry.nbytes >= nbytes and not pinned(key)):
                 self.stats["slot_freed_copy"] += 1
                 self.policy.remove(key, Tier.DRAM, "its slot went to a key being stored")
-                self._release_slot(key, entry)
-                if self.on_dram is not None:
-                    self.on_dram([key], True)
+                self._drop(key, Tier.DRAM)
                 self.apply_demotions()
                 return True
         return False

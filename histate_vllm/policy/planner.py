@@ -12,8 +12,9 @@ of it) and the breakpoints the client declares (the ends of the sections it mark
 cacheable, as with Anthropic's `cache_control`; in the Weka sessions a new conversation of
 the same agent leaves the old one where the tool definitions end, before the system prompt).
 Intermediate: every I* tokens of the new segment [start, prompt end), I* from
-`IntervalModel`, at most `max_intermediate` of them (thinned evenly); once internal hits were observed (forks.py:
-absolute depths, and forks a few blocks before the end of the context they left),
+`IntervalModel`, at most `max_intermediate` of them (thinned evenly); once internal hits
+were observed (forks.py: absolute depths, and forks a few blocks before the end of the
+context they left),
 re-chosen greedily under a mixture of the uniform prior and those depths, as many as pay
 for themselves; then, given the engine's prefill chunk, moved onto the chunk ends it takes
 anyway where the engine step that saves is worth more than the recomputation it adds

@@ -48,9 +48,10 @@ def client_breakpoints(request) -> tuple[int, ...]:
                        "ignored", rid, BREAKPOINTS_KEY, type(raw).__name__)
         return ()
     n = request.num_prompt_tokens
-    good = [p for p in raw if type(p) is int and 1 <= p <= n]
-    if len(good) != len(raw):
-        bad = [p for p in raw if not (type(p) is int and 1 <= p <= n)]
+    good, bad = [], []
+    for p in raw:
+        (good if type(p) is int and 1 <= p <= n else bad).append(p)
+    if bad:
         logger.warning("HiState: request %s: %s entries %s are not token positions in "
                        "[1, %d]; skipped", rid, BREAKPOINTS_KEY, bad[:4], n)
     if len(good) > MAX_BREAKPOINTS:

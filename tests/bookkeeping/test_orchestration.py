@@ -346,10 +346,8 @@ def test_a_state_moved_during_a_held_step_takes_its_chunks_along():
 
 
 def test_moves_are_never_held():
-    """A move carries data DRAM drops: a prefill step issues it like any other. (The pool
-    keeps a step's worth of slots beyond the policy's budget for the moves' slots, as the
-    manager does: headroom_bytes.)"""
-    orch, policy, clock, _ = build(slots=14, ssd_keys=64, headroom_keys=6)
+    """A move carries data DRAM drops: a prefill step issues it like any other."""
+    orch, policy, clock, _ = build(slots=8, ssd_keys=64)
     policy.set_budget(Tier.SSD, 0)  # no room on SSD for a's copies: DRAM holds it alone
     store(orch, "a", hashes(6, b"a"), set())
     policy.set_budget(Tier.SSD, 64 * KEY)
@@ -437,6 +435,6 @@ def test_a_move_waiting_for_the_writer_keeps_its_slot():
     keys = _offer_blocks(orch, "b", b, 0, 6, set(), 6 * BT + 1)
     moving = [w.key for w in orch._spills]
     assert moving and orch.stats["slot_short"] > 0 and orch.stats["slot_freed_copy"] == 0
-    assert keys == [make_key(h, 0) for h in b][:len(keys)]  # a prefix of b: its head
+    assert 0 < len(keys) < len(b) and keys == [make_key(h, 0) for h in b][:len(keys)]  # its head
     assert all(orch.readable(k) for k in moving)  # every move still readable from DRAM
     policy.check_invariants()
