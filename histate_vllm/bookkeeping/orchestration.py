@@ -155,8 +155,10 @@ class Orchestrator:
         self._reserved: dict[bytes, int] = {}
         # DRAM copies the policy moved to SSD, to be copied from their slots.
         self._spills: list[SSDWrite] = []
+        # Keys the policy deleted to give a step's keys slots (`_shed`), for offer's caller.
+        self._shed_keys: list[bytes] = []
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0, "slot_freed_copy": 0,
-                      "states_ahead": 0,
+                      "slot_shed": 0, "states_ahead": 0,
                       "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0,
                       "backups_held": 0}
         # Called with every batch of policy events drained (metrics, the event log).
@@ -312,7 +314,11 @@ class Orchestrator:
                 self._take_spills(admission.spill)
                 evicted = self._apply_evictions(admission.evict)
             fresh_set = set(fresh)
-            for key, slot in self._fit_slots(accepted, items):
+            fitted = self._fit_slots(accepted, items)
+            if self._shed_keys:
+                evicted += [k for k in self._shed_keys if k not in self.entries]
+                self._shed_keys.clear()
+            for key, slot in fitted:
                 item = items[key]
                 self.entries[key] = Entry(
                     is_state=item.kind == Kind.STATE, position=item.position,
@@ -336,9 +342,10 @@ class Orchestrator:
     def _fit_slots(self, accepted: list[bytes], items: dict[bytes, Item]
                    ) -> list[tuple[bytes, int]]:
         """(key, slot) for the accepted keys that got a slot. Slots of copies moving to SSD
-        stay taken until their writes land, so a step can run short: the deepest keys are
-        then given back to the policy as failed writes, and a checkpoint whole or not at
-        all (one state group without the others restores nothing and holds a slot)."""
+        stay taken until their writes land, so a step can run short (`_alloc` then frees
+        or sheds what it can): the deepest keys left are given back to the policy as
+        failed writes, and a checkpoint whole or not at all (one state group without the
+        others restores nothing and holds a slot)."""
         accepted.sort(key=lambda k: (items[k].position, items[k].kind == Kind.STATE))
         out: list[tuple[bytes, int]] = []
         short = False
@@ -363,16 +370,29 @@ class Orchestrator:
         return out
 
     def _alloc(self, nbytes: int) -> int | None:
-        """A DRAM slot for a key being stored. When the pool is short, a DRAM copy SSD also
-        holds gives up its slot before the key is refused (nothing is lost: it is read from
-        SSD later): vLLM never offers a refused key again, so a refused KV chunk ends the
-        prompt's chain there and what the prompt stores after it cannot be read. (Moves
-        still waiting for the writer keep their slots: deleting one instead loses what the
-        policy chose to keep on SSD, e.g. a checkpoint a fork needs.)"""
+        """A DRAM slot for a key being stored. vLLM never offers a refused key again, so a
+        refused KV chunk ends the prompt's chain there and what the prompt stores after it
+        cannot be read. When the pool is short, first a DRAM copy SSD also holds gives up
+        its slot (nothing is lost: it is read from SSD later), then the policy deletes
+        what it values least in DRAM (`PolicyCore.shed`). Moves still waiting for the
+        writer keep their slots (pinned): deleting one loses what the policy chose to keep
+        on SSD, e.g. a checkpoint a fork needs."""
         slot = self.pool.alloc(nbytes)
-        while slot is None and self._free_a_copy(nbytes):
+        while slot is None and (self._free_a_copy(nbytes) or self._shed(nbytes)):
             slot = self.pool.alloc(nbytes)
         return slot
+
+    def _shed(self, nbytes: int) -> bool:
+        """No lossless slot left: the policy deletes what it values least in DRAM (its own
+        eviction order), which costs less than the hole a refused key leaves in the prompt
+        being stored."""
+        evict = self.policy.shed(Tier.DRAM, nbytes)
+        if not evict:
+            return False
+        self.stats["slot_shed"] += len(evict)
+        self._shed_keys.extend(self._apply_evictions(evict))
+        self.apply_demotions()
+        return True
 
     def _free_a_copy(self, nbytes: int) -> bool:
         if not self.has_ssd:

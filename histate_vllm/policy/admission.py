@@ -307,6 +307,24 @@ class Residency:
                 self._evict_unit(r[0], r[1], tier, out, r[2])
         self.ev.put_back(tier, aside_u, aside_c)
 
+    def shed(self, tier: Tier, nbytes: int) -> list[tuple[bytes, Tier]]:
+        """Delete GDS units with bytes in `tier`, lowest H first, until `nbytes` of it are
+        freed or nothing can go (stage 2 only, never a move: a move holds its slot too).
+        Called when the manager's slots run out although the policy is within budget."""
+        out: list[tuple[bytes, Tier]] = []
+        aside: list = []
+        bit = TIER_BIT[tier]
+        freed = 0
+        while freed < nbytes:
+            self._flush()
+            r = self.ev.next_unit(tier, aside)
+            if r is None:
+                break
+            freed += sum(e.nbytes for e in r[2] if e.resident & bit)
+            self._evict_unit(r[0], r[1], tier, out, r[2])
+        self.ev.put_back(tier, aside, [])
+        return out
+
     def _evict_unit(self, n: Node, h: float, tier: Tier, out: list[tuple[bytes, Tier]],
                     entries: list[Entry]) -> None:
         if n.st:

@@ -163,6 +163,14 @@ class PolicyCore(ABC):
     def set_budget(self, tier: Tier, nbytes: int) -> list[tuple[bytes, Tier]]:
         """Change a tier's byte budget; returns the (key, tier) copies to drop to fit it."""
 
+    def shed(self, tier: Tier, nbytes: int) -> list[tuple[bytes, Tier]]:
+        """The manager's slots of `tier` ran out although the policy is within budget
+        (copies moving to SSD hold theirs until their writes land): delete, by the
+        policy's own eviction order, at least `nbytes` of what `tier` holds, never a pinned
+        or pending copy nor what a request still prefilling stored. Returns the (key, tier)
+        copies to drop; empty when nothing can go (the key being stored is refused)."""
+        return []
+
     def observe_gpu(self, keys: Iterable[bytes], resident: bool) -> None:
         """Record that vLLM's GPU cache holds (or dropped) these keys. Optional."""
 

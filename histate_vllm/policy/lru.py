@@ -204,6 +204,22 @@ class LRUPolicy(PolicyCore):
             out.append((k, tier))
         return out
 
+    def shed(self, tier: Tier, nbytes: int) -> list[tuple[bytes, Tier]]:
+        out: list[tuple[bytes, Tier]] = []
+        freed = 0
+        for k in list(self._order[tier]):
+            if freed >= nbytes:
+                break
+            e = self._entries[k]
+            if self._pins.get(k) or e.pending:
+                continue
+            self.log.emit(ev.EVICT, key=k, node=e.item.node, tier=tier, kind=e.item.kind,
+                          position=e.item.position, reason="least recently used (no slot)")
+            freed += e.item.nbytes
+            self._forget(k, tier)
+            out.append((k, tier))
+        return out
+
     # -- placement ---------------------------------------------------------------------------
     def keep(self, key: bytes, tier: Tier) -> bool:
         return True  # write-through: every tier keeps its copy until LRU evicts it

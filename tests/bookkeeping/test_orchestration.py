@@ -393,29 +393,42 @@ def test_a_step_that_runs_short_of_slots_keeps_no_partial_checkpoint():
         policy.check_invariants()
 
 
-def test_a_step_short_of_slots_takes_one_from_a_dram_copy_ssd_also_holds():
+def test_a_step_short_of_slots_frees_a_copy_then_sheds_then_refuses():
     """vLLM never offers a refused key again: a refused KV chunk would end the prompt's
     chain there. So when the pool runs short (slots of moves in flight), a DRAM copy that
-    SSD also holds gives up its slot first: nothing is lost, it is read from SSD later.
-    Control: with no SSD copies anywhere the step's deepest key is refused, as before."""
-    for has_copies in (True, False):
-        orch, policy, _, _ = build(slots=8, ssd_keys=64 if has_copies else 0)
+    SSD also holds gives up its slot first (nothing is lost: it is read from SSD later);
+    without one, the policy deletes what it values least in DRAM (`shed`: a's checkpoint
+    and KV, older than b). Control: with a pinned (being loaded) nothing can go and the
+    step's deepest keys are refused."""
+    for case in ("copies", "shed", "pinned"):
+        orch, policy, _, _ = build(slots=8, ssd_keys=64 if case == "copies" else 0)
         a = hashes(4, b"a")
         store(orch, "a", a, {4})  # 5 keys; with SSD each is also copied there
+        a_keys = [make_key(h, 0) for h in a] + [make_key(a[3], 1)]
+        if case == "pinned":
+            policy.pin(a_keys)
         held = [orch.pool.alloc(KEY) for _ in range(3)]  # moves in flight hold the rest
         assert None not in held and orch.pool.alloc(KEY) is None
         b = hashes(2, b"b")
         orch.note_hit("b", 0)
         keys = [make_key(h, 0) for h in b]
-        stored, _, _ = orch.offer("b", keys, [BT, 2 * BT], b, 2 * BT + 1)
+        stored, _, evicted = orch.offer("b", keys, [BT, 2 * BT], b, 2 * BT + 1)
         orch.complete_store(stored, True)
-        if has_copies:
+        if case == "copies":
             assert stored == keys and orch.stats["slot_short"] == 0
-            assert orch.stats["slot_freed_copy"] == 2
+            assert orch.stats["slot_freed_copy"] == 2 and orch.stats["slot_shed"] == 0
             assert policy.restorable(a).position == 4 * BT  # a's copies left DRAM only
             assert all(orch.readable(make_key(h, 0)) for h in a)
+        elif case == "shed":
+            assert stored == keys and orch.stats["slot_short"] == 0
+            assert orch.stats["slot_shed"] > 0 and evicted
+            assert all(not orch.readable(k) for k in evicted)
+            assert set(evicted) <= set(a_keys)  # a's, never b's
+            assert all(orch.readable(k) for k in keys)
         else:
             assert stored == [] and orch.stats["slot_short"] == 2
+            assert orch.stats["slot_shed"] == 0
+            assert all(orch.readable(k) for k in a_keys)
         policy.check_invariants()
 
 

@@ -218,6 +218,30 @@ def test_pinned_keys_are_never_evicted():
     core.check_invariants()
 
 
+@pytest.mark.parametrize("policy", ["histate", "lru"])
+def test_shed_deletes_the_least_valued_and_never_a_pinned_copy(policy):
+    """The manager ran out of slots within budget: `shed` deletes from DRAM in the policy's
+    own eviction order (the older session first, whole units), never a pinned copy."""
+    core, mgr, clock = build(policy)
+    old, new = chain(range(4), salt=b"old"), chain(range(4), salt=b"new")
+    store(mgr, old, 4, [4])
+    clock.advance(100)
+    store(mgr, new, 4, [4])
+    clock.advance(1)
+    out = core.shed(Tier.DRAM, KVB)
+    assert out and all(t is Tier.DRAM for _, t in out)
+    gone = {k for k, _ in out}
+    assert not gone & {make_key(h, g) for h in new for g in (0, 1)}
+    mgr.drop(out)
+    mgr.check()
+    hit = core.restorable(new)
+    core.pin(hit.kv_keys + hit.state_keys)
+    while core.shed(Tier.DRAM, KVB):  # everything else goes; the pinned copies stay
+        pass
+    assert core.restorable(new).position == 4 * BT
+    core.check_invariants()
+
+
 def test_lost_kv_chunk_takes_dependent_checkpoints_along():
     core, mgr, clock = build()
     h = chain(range(8))
