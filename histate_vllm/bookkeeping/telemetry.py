@@ -227,6 +227,9 @@ def summary(window: dict[tuple[str, Labels], float], gauges: dict[str, float]) -
     dropped = total("ssd_writes_dropped")
     if dropped:
         line += f", {dropped} SSD writes dropped"
+    short = total("slot_shortfalls")
+    if short:
+        line += f", {short} keys short of a DRAM slot ({by('slot_shortfalls')})"
     if gauges:
         line += "; " + ", ".join(f"{k} {v:g}" for k, v in gauges.items())
     return line

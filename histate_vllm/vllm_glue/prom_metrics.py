@@ -54,6 +54,12 @@ _DEFS: dict[str, OffloadingMetricMetadata] = {
                                               "written ahead of their KV chunks."),
     "ssd_writes_dropped": _C(documentation="SSD writes that did not land (queue full or "
                                            "I/O error); the data stays in DRAM or is lost."),
+    "slot_shortfalls": _C(documentation="Keys a step stored with the DRAM slots all taken "
+                                        "(by copies moving to SSD), by what gave way: "
+                                        "freed_copy (a DRAM copy SSD also holds), shed (what "
+                                        "the policy values least, deleted) or refused (the "
+                                        "key: the prompt's KV chain ends there).",
+                          labelnames=("outcome",)),
     "ssd_write_queue": _G(documentation="SSD copies waiting to be issued or issued and not "
                                          "yet reported back."),
     "bytes": _G(documentation="Bytes held per tier (payload).", labelnames=_TIER),

@@ -205,6 +205,30 @@ def test_summary_line_after_activity_and_silent_when_idle(monkeypatch):
     assert m.observer.log_summary() is None and len(lines) == 1  # idle: nothing more
 
 
+def test_slot_shortfalls_are_counted_by_what_gave_way(monkeypatch):
+    """A step whose DRAM slots are all taken (by copies moving to SSD, held here by hand):
+    the policy sheds a's data for b's keys; with a pinned (being loaded) b's keys are
+    refused. Both show on /metrics and in the summary line."""
+    lines = []
+    monkeypatch.setattr(observer_mod.logger, "info", lambda msg, *a: lines.append(msg % a))
+    for pinned, outcome in ((False, "shed"), (True, "refused")):
+        m = make(dram_keys=8, summary_interval=0)
+        lines.clear()
+        a = hb(3)
+        run(m, "a", a, 3 * BT + 1)
+        if pinned:
+            m.policy.pin(list(m.orch.entries))
+        while m.orch.pool.alloc(KEY) is not None:  # moves in flight hold the rest
+            pass
+        counters(m)
+        run(m, "b", hb(2, b"b"), 2 * BT + 1)
+        short = counters(m)["histate_slot_shortfalls"]
+        assert set(short) == {(outcome,)} and short[(outcome,)] > 0
+        assert m.orch.stats[{"shed": "slot_shed", "refused": "slot_short"}[outcome]] > 0
+        line = m.observer.log_summary()
+        assert f"short of a DRAM slot ({outcome}=" in line
+
+
 def test_summary_thread_logs_once_per_burst(monkeypatch):
     import time
 
