@@ -158,7 +158,7 @@ class Orchestrator:
         # Keys the policy deleted to give a step's keys slots (`_shed`), for offer's caller.
         self._shed_keys: list[bytes] = []
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0, "slot_freed_copy": 0,
-                      "slot_shed": 0, "states_ahead": 0,
+                      "slot_shed": 0, "slot_shed_copies": 0, "states_ahead": 0,
                       "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0,
                       "backups_held": 0}
         # Called with every batch of policy events drained (metrics, the event log).
@@ -389,7 +389,8 @@ class Orchestrator:
         evict = self.policy.shed(Tier.DRAM, nbytes)
         if not evict:
             return False
-        self.stats["slot_shed"] += len(evict)
+        self.stats["slot_shed"] += 1
+        self.stats["slot_shed_copies"] += len(evict)
         self._shed_keys.extend(self._apply_evictions(evict))
         self.apply_demotions()
         return True
