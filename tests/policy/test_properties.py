@@ -32,6 +32,7 @@ op = st.one_of(
     st.tuples(st.just("tick"), st.floats(0.0, 300.0)),
     st.tuples(st.just("hit"), prompts),
     st.tuples(st.just("finish")),
+    st.tuples(st.just("shed"), st.integers(1, 60)),
 )
 
 
@@ -141,6 +142,12 @@ def run(policy, ops, dram, ssd, interval, pin_during_admit, reference=True):
         elif kind == "hit":
             hit = check_hit(core, chain(o[1]))
             core.hit(hit.kv_keys + hit.state_keys)
+        elif kind == "shed":  # the manager ran out of DRAM slots within budget
+            got = core.shed(Tier.DRAM, o[1])
+            assert all(t is Tier.DRAM or t is Tier.SSD for _, t in got)
+            assert not any(core.pinned(k) for k, _ in got)
+            mgr.drop(got)
+            mgr.drain()
         elif kind == "tick":
             clock.advance(o[1])
         else:
@@ -208,8 +215,10 @@ def random_ops(rng, n):
             ops.append(("remove", rng.randrange(10_000), rng.choice([Tier.DRAM, Tier.SSD])))
         elif r < 0.85:
             ops.append(("tick", rng.random() * 300))
-        elif r < 0.95:
+        elif r < 0.93:
             ops.append(("hit", labels))
+        elif r < 0.97:
+            ops.append(("shed", rng.randrange(1, 60)))
         else:
             ops.append(("finish",))
     return ops
