@@ -51,13 +51,17 @@ def _rss_bytes(pid: int) -> int:
 
 
 def _engine_rss() -> dict[str, int]:
-    """RSS of every process below this one (engine core, worker)."""
+    """RSS of every process below this one (engine core, worker); a child that exits
+    while it is read (a helper of vLLM's shutting down) is left out."""
     import psutil
 
-    return {
-        f"{p.pid}:{p.name()}": _rss_bytes(p.pid)
-        for p in psutil.Process().children(recursive=True)
-    }
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out[f"{p.pid}:{p.name()}"] = _rss_bytes(p.pid)
+        except psutil.Error:
+            continue
+    return out
 
 
 def engine_threads() -> list[dict]:
