@@ -155,8 +155,6 @@ class Orchestrator:
         self._reserved: dict[bytes, int] = {}
         # DRAM copies the policy moved to SSD, to be copied from their slots.
         self._spills: list[SSDWrite] = []
-        # Keys the policy deleted to give a step's keys slots (`_shed`), for offer's caller.
-        self._shed_keys: list[bytes] = []
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0, "slot_freed_copy": 0,
                       "slot_shed": 0, "slot_shed_copies": 0, "states_ahead": 0,
                       "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0,
@@ -314,11 +312,7 @@ class Orchestrator:
                 self._take_spills(admission.spill)
                 evicted = self._apply_evictions(admission.evict)
             fresh_set = set(fresh)
-            fitted = self._fit_slots(accepted, items)
-            if self._shed_keys:
-                evicted += [k for k in self._shed_keys if k not in self.entries]
-                self._shed_keys.clear()
-            for key, slot in fitted:
+            for key, slot in self._fit_slots(accepted, items, evicted):
                 item = items[key]
                 self.entries[key] = Entry(
                     is_state=item.kind == Kind.STATE, position=item.position,
@@ -339,18 +333,18 @@ class Orchestrator:
         keys_to_store.sort(key=order.__getitem__)  # vLLM pairs them with blocks in offer order
         return keys_to_store, [self.entries[k].slot for k in keys_to_store], evicted
 
-    def _fit_slots(self, accepted: list[bytes], items: dict[bytes, Item]
-                   ) -> list[tuple[bytes, int]]:
+    def _fit_slots(self, accepted: list[bytes], items: dict[bytes, Item],
+                   evicted: list[bytes]) -> list[tuple[bytes, int]]:
         """(key, slot) for the accepted keys that got a slot. Slots of copies moving to SSD
         stay taken until their writes land, so a step can run short (`_alloc` then frees
         or sheds what it can): the deepest keys left are given back to the policy as
         failed writes, and a checkpoint whole or not at all (one state group without the
-        others restores nothing and holds a slot)."""
+        others restores nothing and holds a slot). Keys shed for slots go to `evicted`."""
         accepted.sort(key=lambda k: (items[k].position, items[k].kind == Kind.STATE))
         out: list[tuple[bytes, int]] = []
         short = False
         for key in accepted:
-            slot = None if short else self._alloc(items[key].nbytes)
+            slot = None if short else self._alloc(items[key].nbytes, evicted)
             if slot is None:
                 back = [key]
                 item = items[key]
@@ -369,7 +363,7 @@ class Orchestrator:
             out.append((key, slot))
         return out
 
-    def _alloc(self, nbytes: int) -> int | None:
+    def _alloc(self, nbytes: int, evicted: list[bytes]) -> int | None:
         """A DRAM slot for a key being stored. vLLM never offers a refused key again, so a
         refused KV chunk ends the prompt's chain there and what the prompt stores after it
         cannot be read. When the pool is short, first a DRAM copy SSD also holds gives up
@@ -378,11 +372,11 @@ class Orchestrator:
         writer keep their slots (pinned): deleting one loses what the policy chose to keep
         on SSD, e.g. a checkpoint a fork needs."""
         slot = self.pool.alloc(nbytes)
-        while slot is None and (self._free_a_copy(nbytes) or self._shed(nbytes)):
+        while slot is None and (self._free_a_copy(nbytes) or self._shed(nbytes, evicted)):
             slot = self.pool.alloc(nbytes)
         return slot
 
-    def _shed(self, nbytes: int) -> bool:
+    def _shed(self, nbytes: int, evicted: list[bytes]) -> bool:
         """No lossless slot left: the policy deletes what it values least in DRAM (its own
         eviction order), which costs less than the hole a refused key leaves in the prompt
         being stored."""
@@ -391,7 +385,7 @@ class Orchestrator:
             return False
         self.stats["slot_shed"] += 1
         self.stats["slot_shed_copies"] += len(evict)
-        self._shed_keys.extend(self._apply_evictions(evict))
+        evicted += self._apply_evictions(evict)
         self.apply_demotions()
         return True
 

@@ -191,31 +191,26 @@ class LRUPolicy(PolicyCore):
 
     def set_budget(self, tier: Tier, nbytes: int) -> list[tuple[bytes, Tier]]:
         self.budgets[tier] = int(nbytes)
-        out = []
-        for k in list(self._order[tier]):
-            if self._used[tier] <= self.budgets[tier]:
-                break
-            if self._pins.get(k):
-                continue
-            it = self._entries[k].item
-            self.log.emit(ev.EVICT, key=k, node=it.node, tier=tier, kind=it.kind,
-                          position=it.position, reason="least recently used (budget lowered)")
-            self._forget(k, tier)
-            out.append((k, tier))
-        return out
+        return self._evict_oldest(tier, self._used[tier] - self.budgets[tier],
+                                  "least recently used (budget lowered)")
 
     def shed(self, tier: Tier, nbytes: int) -> list[tuple[bytes, Tier]]:
+        return self._evict_oldest(tier, nbytes, "least recently used (no slot)")
+
+    def _evict_oldest(self, tier: Tier, nbytes: int, reason: str) -> list[tuple[bytes, Tier]]:
+        """Evict committed copies of `tier`, least recently used first and never a pinned
+        one, until `nbytes` are freed or none is left."""
         out: list[tuple[bytes, Tier]] = []
         freed = 0
         for k in list(self._order[tier]):
             if freed >= nbytes:
                 break
-            e = self._entries[k]
-            if self._pins.get(k) or e.pending:
+            if self._pins.get(k):
                 continue
-            self.log.emit(ev.EVICT, key=k, node=e.item.node, tier=tier, kind=e.item.kind,
-                          position=e.item.position, reason="least recently used (no slot)")
-            freed += e.item.nbytes
+            it = self._entries[k].item
+            self.log.emit(ev.EVICT, key=k, node=it.node, tier=tier, kind=it.kind,
+                          position=it.position, reason=reason)
+            freed += it.nbytes
             self._forget(k, tier)
             out.append((k, tier))
         return out
