@@ -155,10 +155,12 @@ class Orchestrator:
         self._reserved: dict[bytes, int] = {}
         # DRAM copies the policy moved to SSD, to be copied from their slots.
         self._spills: list[SSDWrite] = []
+        # Promoted KV chunks whose DRAM slots a load in flight is filling (`promote`).
+        self._filling: dict[bytes, str] = {}  # key -> the load (request) filling it
         self.stats = {"spills": 0, "spills_declined": 0, "slot_short": 0, "slot_freed_copy": 0,
                       "slot_shed": 0, "slot_shed_copies": 0, "states_ahead": 0,
                       "ssd_state_skips": 0, "backups_deferred": 0, "spills_waiting": 0,
-                      "backups_held": 0}
+                      "backups_held": 0, "promoted": 0}
         # Called with every batch of policy events drained (metrics, the event log).
         self.on_events: Callable[[list], None] | None = None
 
@@ -269,11 +271,57 @@ class Orchestrator:
         self.policy.hit(keys)
         return slots, is_state
 
+    def promote(self, keys: Sequence[bytes], slots: Sequence[int], load: str) -> list[int]:
+        """A load's KV chunks read from SSD (`slots` from `prepare_load`, -1) also get DRAM
+        copies, filled by the load from the verified bytes it reads. vLLM never offers
+        loaded blocks again, so without this a chunk moved to SSD would be read from there
+        at every later turn of its session. Admitted as new data is (the policy makes room
+        in its own order; a chunk just hit ranks high), into free slots only: a promotion
+        never sheds. Returns per key the DRAM slot the load fills, or -1; the copies
+        become readable when that load (`load`: its request) completes with ok=True."""
+        fill = [-1] * len(keys)
+        items = []
+        for key, slot in zip(keys, slots):
+            e = self.entries.get(key)
+            if (slot < 0 and e is not None and not e.is_state and e.on_ssd and e.slot < 0
+                    and not e.ssd_pending and not e.dram_only):
+                items.append(Item(key, key[:-4], None, Kind.KV, e.position, e.nbytes))
+        if not items:
+            return fill
+        admission = self.policy.admit(items, Tier.DRAM)
+        if admission is None:
+            return fill
+        self._take_spills(admission.spill)
+        self._apply_evictions(admission.evict)
+        at = {k: i for i, k in enumerate(keys)}
+        for key in admission.accepted:
+            entry = self.entries.get(key)
+            slot = self.pool.alloc(entry.nbytes) if entry is not None else None
+            if slot is None:
+                self.policy.committed(key, Tier.DRAM, False)
+                continue
+            entry.slot, entry.dram_ready = slot, False
+            self._filling[key] = load
+            fill[at[key]] = slot
+        return fill
+
     def touch(self, keys: Iterable[bytes]) -> None:
         self.policy.hit([k for k in keys if k in self.entries])
 
-    def complete_load(self, keys: Iterable[bytes]) -> None:
-        self.policy.unpin(list(keys))
+    def complete_load(self, keys: Iterable[bytes], load: str = "", ok: bool = True) -> None:
+        """The load of request `load` finished (`ok`: on every rank; a failed one is
+        recomputed by vLLM and may have left its promotion slots unfilled on some rank).
+        Only the load that promoted a key filled its slot."""
+        keys = list(keys)
+        self.policy.unpin(keys)
+        filling = self._filling
+        filled = [k for k in keys if filling.get(k, None) == load]
+        for key in filled:
+            del filling[key]
+        if filled:
+            self.complete_store(filled, ok)
+            if ok:
+                self.stats["promoted"] += len(filled)
 
     # --- store ---
 
@@ -705,6 +753,9 @@ class Orchestrator:
         if waiting:
             self.on_ssd_written({w.key: False for w in waiting})
         for key, entry in list(self.entries.items()):
-            if entry.slot >= 0 and not entry.ssd_pending:
+            if key in self._filling:  # a load still writes the slot: freed when it ends
+                entry.forget_dram = True
+                self.policy.remove(key, Tier.DRAM, "reset_cache")
+            elif entry.slot >= 0 and not entry.ssd_pending:
                 self._release_slot(key, entry)
                 self.policy.remove(key, Tier.DRAM, "reset_cache")

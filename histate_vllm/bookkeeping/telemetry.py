@@ -227,6 +227,9 @@ def summary(window: dict[tuple[str, Labels], float], gauges: dict[str, float]) -
     dropped = total("ssd_writes_dropped")
     if dropped:
         line += f", {dropped} SSD writes dropped"
+    promoted = total("promoted_chunks")
+    if promoted:
+        line += f", {promoted} KV chunks read from SSD kept in DRAM"
     short = total("slot_shortfalls")
     if short:
         line += f", {short} keys short of a DRAM slot ({by('slot_shortfalls')})"

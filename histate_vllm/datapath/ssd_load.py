@@ -47,12 +47,14 @@ class SSDLoad:
 def restore(copier: PageCopier, stream: TransferStream, store: SSDStore, dram: HostRows,
             staging: HostRows, io: Executor, read_ahead: int, keys: Sequence[bytes],
             is_state: Sequence[bool], slots: Sequence[int], parts, after: Event | None,
-            job: SSDLoad) -> int:
+            job: SSDLoad, fill: Sequence[int] = ()) -> int:
     """Restore a job: DRAM keys in one batch, SSD keys read in parallel, each verified
     before its copy is queued. Returns the bytes moved.
 
     `slots[i]` is key i's DRAM slot or -1 (on SSD); `parts` is (group, block ids, key
-    indices) per group. Nothing restored here can run before the whole job reports success:
+    indices) per group. `fill[i]` >= 0: key i (read from SSD) is promoted, its verified
+    bytes copied into that DRAM slot as well, under the job's lock like every copy (a
+    slot the scheduler gives back after a timeout is never written). Nothing restored here can run before the whole job reports success:
     on failure vLLM recomputes the request and zeroes the blocks it had allocated for the
     load. Once the job is cancelled (timed out) its blocks may belong to another request, so
     every copy into them is queued under the job's lock, after checking the flag."""
@@ -81,9 +83,17 @@ def restore(copier: PageCopier, stream: TransferStream, store: SSDStore, dram: H
         if event is not None:
             event.synchronize()
     for j, _ in store.read_many(reads, ahead=read_ahead, executor=io):
-        g, block, _ = on_ssd[j]
-        batch = copier.batch([(g, [block], [j % ring])], staging.tensor, to_host=False)
-        filled[j % ring] = job.queue(lambda: stream.launch(batch, after=after))
+        g, block, i = on_ssd[j]
+        row = j % ring
+        batch = copier.batch([(g, [block], [row])], staging.tensor, to_host=False)
+        slot = fill[i] if fill else -1
+
+        def launch(batch=batch, row=row, slot=slot):
+            if slot >= 0:
+                dram.array[slot] = staging.array[row]
+            return stream.launch(batch, after=after)
+
+        filled[row] = job.queue(launch)
         nbytes += batch.nbytes
         # Read j + read_ahead starts next, into the row of copy j + read_ahead - ring.
         previous = filled[(j + read_ahead) % ring]

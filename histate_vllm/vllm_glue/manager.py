@@ -126,6 +126,8 @@ class HiStateManager(OffloadingManager):
         self._ssd_ops: list[SSDDelete | SSDReset] = []
         # Writes in flight at a connector reset: their outcome no longer counts.
         self._void_writes: set[bytes] = set()
+        # Requests with a load that failed on some rank, until they finish.
+        self._failed_loads: set[str] = set()
         self.store_lock = store_lock
         self.observer = Observer(self)  # metrics, summary line, event log
         if store is not None:
@@ -193,6 +195,7 @@ class HiStateManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._requests.pop(req_context.req_id, None)
+        self._failed_loads.discard(req_context.req_id)
         self.observer.request_finished(req_context.req_id)
         self.orch.request_finished(req_context.req_id)
 
@@ -208,13 +211,18 @@ class HiStateManager(OffloadingManager):
         keys = list(keys)
         slots, is_state = self.orch.prepare_load(keys)
         self.observer.load_issued(req_context.req_id, keys, slots)
-        return HiStateLoadSpec(slots=slots, keys=keys, is_state=is_state)
+        fill = self.orch.promote(keys, slots, req_context.req_id)
+        return HiStateLoadSpec(slots=slots, keys=keys, is_state=is_state,
+                               fill=fill if any(f >= 0 for f in fill) else [])
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.orch.touch(keys)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.orch.complete_load(keys)
+        # A load that failed on some rank (vLLM recomputes) may have left its promotion
+        # slots unfilled there: nothing it promoted is kept.
+        rid = req_context.req_id
+        self.orch.complete_load(keys, rid, ok=rid not in self._failed_loads)
         self._books_changed()  # a load may release copies the policy had let go
         self.observer.load_done(req_context.req_id)
 
@@ -357,7 +365,10 @@ class HiStateManager(OffloadingManager):
     def note_failed_loads(self, request_ids: Iterable[str], lost: Collection[bytes] = ()
                           ) -> None:
         """Loads the worker could not complete (vLLM recomputes those requests); `lost`:
-        keys it found corrupt or missing on SSD in the same step."""
+        keys it found corrupt or missing on SSD in the same step. Noted before vLLM
+        completes those loads (`complete_load`)."""
+        request_ids = set(request_ids)
+        self._failed_loads.update(request_ids)
         self.observer.load_failed(request_ids, lost)
 
     def get_stats(self):

@@ -223,12 +223,16 @@ class Observer:
                    ("slot_short", "refused"))
 
     def _count_shortfalls(self) -> None:
-        """The orchestrator's slot counters (cumulative) as telemetry increments."""
+        """The orchestrator's slot and promotion counters (cumulative) as telemetry
+        increments."""
         stats, seen = self.orch.stats, self._shortfalls_seen
         for stat, outcome in self._SHORTFALLS:
             n = stats.get(stat, 0)
             self.telemetry.add("slot_shortfalls", n - seen.get(stat, 0), (outcome,))
             seen[stat] = n
+        n = stats.get("promoted", 0)
+        self.telemetry.add("promoted_chunks", n - seen.get("promoted", 0))
+        seen["promoted"] = n
 
     def _summary_loop(self) -> None:
         while not self._stop.wait(self.config.summary_interval):

@@ -60,6 +60,9 @@ _DEFS: dict[str, OffloadingMetricMetadata] = {
                                         "the policy values least, deleted) or refused (the "
                                         "key: the prompt's KV chain ends there).",
                           labelnames=("outcome",)),
+    "promoted_chunks": _C(documentation="KV chunks a restore read from SSD and kept a DRAM "
+                                        "copy of (the SSD copy stays), so the next turn of "
+                                        "the session reads them from DRAM."),
     "ssd_write_queue": _G(documentation="SSD copies waiting to be issued or issued and not "
                                          "yet reported back."),
     "bytes": _G(documentation="Bytes held per tier (payload).", labelnames=_TIER),

@@ -5,7 +5,7 @@ One entry per offload key, in the same order as the GPU blocks of the job.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm.v1.kv_offload.base import LoadStoreSpec
 
@@ -41,3 +41,5 @@ class HiStateLoadSpec(LoadStoreSpec):
     slots: list[int]
     keys: list[bytes]
     is_state: list[bool]
+    # Per key read from SSD: a DRAM slot the read also fills (promotion), or -1. Empty: none.
+    fill: list[int] = field(default_factory=list)

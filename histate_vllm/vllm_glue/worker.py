@@ -216,7 +216,8 @@ class HiStateWorker(OffloadingWorker):
         # Done: at start-up, or first in this reader's queue after a timeout.
         ring = staging.result()
         return restore(self.copier, self._load_stream, self.store, self._pool, ring, io,
-                       self.read_ahead, src.keys, src.is_state, src.slots, parts, after, job)
+                       self.read_ahead, src.keys, src.is_state, src.slots, parts, after, job,
+                       src.fill)
 
     def _time_out(self, job_id: int, job: SSDLoad) -> TransferResult:
         """Fail a load stuck in a read: cancel it, and leave its threads and ring behind."""

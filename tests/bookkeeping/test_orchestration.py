@@ -451,3 +451,76 @@ def test_a_move_waiting_for_the_writer_keeps_its_slot():
     assert 0 < len(keys) < len(b) and keys == [make_key(h, 0) for h in b][:len(keys)]  # its head
     assert all(orch.readable(k) for k in moving)  # every move still readable from DRAM
     policy.check_invariants()
+
+
+# --- promotion: KV chunks a load reads from SSD get DRAM copies ---
+
+def _on_ssd_only():
+    """a's KV and checkpoint on SSD only (moved there by b's DRAM pressure)."""
+    orch, policy, clock, deleted = build(slots=12, ssd_keys=64, headroom_keys=6)
+    a = hashes(5, b"a")
+    store(orch, "a", a, {5})
+    clock.t += 100
+    for e in policy.set_budget(Tier.SSD, KEY):
+        orch._drop(*e)
+    policy.set_budget(Tier.SSD, 64 * KEY)
+    clock.t += 100
+    store(orch, "b", hashes(5, b"b"), {5})
+    keys = [make_key(h, 0) for h in a] + [make_key(a[-1], 1)]
+    assert all(policy.where(k) == {Tier.SSD} for k in keys)
+    clock.t += 100
+    return orch, policy, keys
+
+
+def test_kv_read_from_ssd_keeps_a_dram_copy_once_the_load_lands():
+    orch, policy, keys = _on_ssd_only()
+    slots, _ = orch.prepare_load(keys)
+    assert slots == [-1] * len(keys)
+    fill = orch.promote(keys, slots, "r")
+    assert all(f >= 0 for f in fill[:-1]) and fill[-1] == -1  # KV only, not the state
+    assert len(set(fill[:-1])) == len(keys) - 1
+    assert not any(orch.in_dram(k) for k in keys)  # readable there once filled
+    orch.complete_load(keys, "r", ok=True)
+    assert all(orch.in_dram(k) for k in keys[:-1])
+    assert all(policy.where(k) == {Tier.DRAM, Tier.SSD} for k in keys[:-1])
+    assert orch.prepare_load(keys)[0][:-1] == fill[:-1]  # the next load reads DRAM
+    assert orch.stats["promoted"] == len(keys) - 1
+    policy.check_invariants()
+
+
+def test_a_failed_load_keeps_nothing_it_promoted():
+    orch, policy, keys = _on_ssd_only()
+    fill = orch.promote(keys, orch.prepare_load(keys)[0], "r")
+    promoted = sum(f >= 0 for f in fill)
+    in_use = orch.pool.in_use()
+    orch.complete_load(keys, "r", ok=False)  # some rank may not have filled its slots
+    assert promoted and orch.pool.in_use() == in_use - promoted
+    assert all(policy.where(k) == {Tier.SSD} for k in keys)
+    assert not any(orch.in_dram(k) for k in keys)
+    assert policy.restorable(hashes(5, b"a")).position == 5 * BT
+    policy.check_invariants()
+
+
+def test_a_reset_frees_a_promotion_slot_only_once_its_load_is_over():
+    """The load still writes the slot: given to a new key meanwhile, its bytes would be
+    overwritten by the promoted ones."""
+    orch, policy, keys = _on_ssd_only()
+    fill = orch.promote(keys, orch.prepare_load(keys)[0], "r")
+    promoted = [f for f in fill if f >= 0]
+    orch.reset_cache()
+    taken = orch.pool.in_use()
+    assert taken >= len(promoted)
+    orch.complete_load(keys, "r", ok=True)
+    assert orch.pool.in_use() == taken - len(promoted)
+    assert not any(orch.in_dram(k) for k in keys)
+
+
+def test_a_promotion_never_sheds():
+    orch, policy, keys = _on_ssd_only()
+    orch.pool.alloc = lambda nbytes: None  # every slot taken (e.g. by moves in flight)
+    shed = orch.stats["slot_shed"]
+    fill = orch.promote(keys, orch.prepare_load(keys)[0], "r")
+    assert fill == [-1] * len(keys) and orch.stats["slot_shed"] == shed
+    orch.complete_load(keys, "r", ok=True)
+    assert all(policy.where(k) == {Tier.SSD} for k in keys)
+    policy.check_invariants()

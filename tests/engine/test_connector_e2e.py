@@ -17,6 +17,11 @@ Engines run in their own processes (see conftest.run_engine):
       attention KV of FORK's first blocks but no state inside them; FORK's own checkpoint
       (X stored it) lies past them: the GPU serves that KV, the connector the rest.
   Z2  U's negative control: FORK's checkpoint replaced by another prefix's state.
+  P   restart over a copy of X's store, roomy DRAM: A3 restores A2's prefix from SSD, which
+      promotes its KV chunks to DRAM; after a flood, PEDIT (a rewrite inside A2) restores
+      that KV from the DRAM copies and only its checkpoint from SSD.
+  Z3  P's negative control: one KV chunk of A1's prefix replaced by another prefix's
+      (re-checksummed, manifests republished, so everything verifies).
   C1  cold reference, prefix caching off, 2048-token chunks.
   C2  cold reference, prefix caching off, 512-token chunks.
 C2 against C1 (other chunks) and V against C1 (vLLM's own prefix cache) are vLLM's own
@@ -65,7 +70,8 @@ B1 = _tokens(3000)
 B2 = B1 + _tokens(40) + _tokens(264)
 S1 = _tokens(500)  # one whole block at either block size: a one-block checkpoint
 S2 = S1 + _tokens(40) + _tokens(200)
-CHECKED = {"A2": A2, "FORK": FORK, "EDIT": EDIT, "A3": A3, "B2": B2, "S2": S2}
+PEDIT = A2[:2600] + _tokens(300)  # another rewrite at the same place, after a restart
+CHECKED = {"A2": A2, "FORK": FORK, "EDIT": EDIT, "A3": A3, "B2": B2, "S2": S2, "PEDIT": PEDIT}
 
 
 def whole_blocks(tokens: int, block_size: int) -> int:
@@ -113,6 +119,8 @@ def run_x(tiny_model, ssm_dtype, work):
     shutil.copytree(work / "ssd", work / "ssd-tampered")
     shutil.copytree(work / "ssd", work / "ssd-tampered-fork")
     shutil.copytree(work / "ssd", work / "ssd-u")
+    shutil.copytree(work / "ssd", work / "ssd-p")
+    shutil.copytree(work / "ssd", work / "ssd-p-tampered")
     return run
 
 
@@ -412,3 +420,83 @@ def test_unknown_key_stops_startup(tiny_model, tmp_path):
     run = run_engine(tmp_path, "bad-config", spec, timeout=300)
     assert run.returncode != 0
     assert "ssd_dri" in run.log and "accepted keys are" in run.log
+
+
+# --- promotion: KV read from SSD keeps a DRAM copy, and restores from it are exact ---
+
+def _p_spec(tiny_model, ssm_dtype, root):
+    # DRAM holds A3 and the flood without pressure: the promoted copies must stay.
+    return _engine(
+        tiny_model, ssm_dtype, dense_states=True,
+        connector=dict(dram_bytes=128 * MiB, ssd_dir=str(root), ssd_bytes=64 * MiB),
+        requests=[_req("A3", A3), dict(name="H", **FLOOD), _req("PEDIT", PEDIT)],
+    )
+
+
+@pytest.fixture(scope="module")
+def run_p(tiny_model, ssm_dtype, work, run_x):
+    run = run_engine(work, "P", _p_spec(tiny_model, ssm_dtype, work / "ssd-p"))
+    assert run.returncode == 0, run.log[-4000:]
+    return run
+
+
+def _promoted_restore(run) -> dict:
+    """PEDIT's restore: no GPU hit (the flood), every KV block from DRAM, where only
+    A3's restore from SSD can have put them (a restart empties DRAM), and the one
+    checkpoint, historical, from SSD."""
+    bs = run.block_size
+    assert sum(r["num_prompt_tokens"] for r in run.flood("H")) >= run.capacity
+    assert run["A3"]["restored"] == {"ssd": whole_blocks(len(A2), bs)}, run["A3"]
+    pedit = run["PEDIT"]
+    hit = pedit["num_cached_tokens"]
+    assert hit >= 2 * bs and pedit["gpu_cached_tokens"] == 0, pedit
+    assert pedit["restored"] == {"dram": hit - bs, "ssd": bs}, pedit
+    return pedit
+
+
+def test_kv_read_from_ssd_is_restored_from_its_dram_copy_exactly(run_p, cold, tolerance):
+    pedit = _promoted_restore(run_p)
+    ok, why = matches(pedit, cold["PEDIT"], tolerance)
+    assert ok, f"PEDIT (restored {pedit['restored']}): {why}"
+
+
+def _swap_chunk(store_root: Path, a2_position: int) -> None:
+    """Replace the KV chunks of A1's second block by another prefix's (re-checksummed),
+    and republish every checkpoint that names them, so that everything verifies."""
+    from histate_vllm.store import SSDStore, StoreIdentity
+
+    (ident_file,) = store_root.glob("*/identity.json")
+    identity = msgspec.json.decode(ident_file.read_bytes(), type=StoreIdentity)
+    store = SSDStore(store_root, identity, budget_bytes=1 << 40)
+    index = store.scan()
+    a2 = next(c for c in index.checkpoints.values() if c.position == a2_position)
+    groups = {k[-4:] for k in a2.chunk_keys}
+    victims = a2.chunk_keys[len(groups):2 * len(groups)]  # block 1, every attention group
+    other = next(c for c in index.checkpoints.values()
+                 if len(c.chunk_keys) >= 2 * len(groups) and c.chunk_keys[0] != a2.chunk_keys[0])
+    donors = {k[-4:]: k for k in other.chunk_keys[len(groups):2 * len(groups)]}
+    for victim in victims:
+        donor = donors[victim[-4:]]
+        payload = bytearray(index.chunks[donor])
+        n = store.read_chunk(donor, memoryview(payload))
+        Path(store.layout.chunk_path(victim)).unlink()
+        store.write_chunk(victim, payload[:n], provenance="negative-control")
+    for key, info in index.checkpoints.items():
+        if not set(victims) & set(info.chunk_keys):
+            continue
+        state = bytearray(info.state_nbytes)
+        store.read_checkpoint(key, memoryview(state), verify_chunks=False)
+        store.publish_checkpoint(key, state, position=info.position,
+                                 chunk_keys=info.chunk_keys, provenance="negative-control")
+
+
+def test_negative_control_wrong_kv_in_a_promoted_copy_is_caught(tiny_model, ssm_dtype, work,
+                                                                run_x, cold, tolerance):
+    """The DRAM copy PEDIT restores from is what A3 read from SSD: a wrong KV chunk there
+    must fail the exactness comparison."""
+    root = work / "ssd-p-tampered"
+    _swap_chunk(root, whole_blocks(len(A2) - 1, run_x.block_size))
+    run = run_engine(work, "Z3", _p_spec(tiny_model, ssm_dtype, root))
+    assert run.returncode == 0, run.log[-4000:]
+    pedit = _promoted_restore(run)
+    assert_caught(pedit, cold["PEDIT"], tolerance, "wrong KV chunk in a promoted DRAM copy")

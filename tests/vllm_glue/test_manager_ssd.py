@@ -171,3 +171,75 @@ def test_ssd_bytes_must_hold_one_entry_of_the_model():
     with pytest.raises(ConfigError, match=f"at least {need} bytes for this model"):
         check_ssd_bytes(cfg, LAYOUT, 8192)
     check_ssd_bytes(HiStateConfig(dram_bytes=KEY, ssd_dir="/x", ssd_bytes=need), LAYOUT, 8192)
+
+
+# --- promotion: a KV chunk read from SSD keeps a DRAM copy ---
+
+def _ctx(rid):
+    from vllm.v1.kv_offload.base import ReqContext
+
+    return ReqContext(req_id=rid)
+
+
+def test_a_chunk_read_from_ssd_is_promoted_once_the_load_completes(tmp_path):
+    store, chunks, state = published(tmp_path)
+    m = manager(store)
+    keys = [*chunks, state]
+    spec = m.prepare_load(keys, _ctx("r"))
+    assert spec.slots == [-1, -1, -1]  # every key is read from SSD
+    fill = dict(zip(keys, spec.fill))
+    assert fill[state] == -1  # checkpoints are placed by the policy, not promoted
+    assert all(fill[c] >= 0 for c in chunks) and len({fill[c] for c in chunks}) == 2
+    # Not readable from DRAM until the read that fills the slot has completed.
+    assert not any(m.orch.in_dram(c) for c in chunks)
+    m.complete_load(keys, _ctx("r"))
+    assert all(m.orch.in_dram(c) and m.orch.entries[c].slot == fill[c] for c in chunks)
+    assert all(m.orch.entries[c].on_ssd for c in chunks)  # the SSD copy stays, a backup
+    assert not m.orch.in_dram(state)
+    # The next restore reads them from DRAM.
+    assert m.prepare_load(keys, _ctx("r2")).slots == [fill[chunks[0]], fill[chunks[1]], -1]
+    assert m.get_stats().data["data"]["histate_promoted_chunks"] == {(): 2}  # /metrics
+    assert "2 KV chunks read from SSD kept in DRAM" in m.observer.log_summary()
+
+
+def test_a_failed_load_promotes_nothing_and_gives_the_slots_back(tmp_path):
+    from histate_vllm.policy import Tier
+
+    store, chunks, state = published(tmp_path)
+    m = manager(store)
+    keys = [*chunks, state]
+    spec = m.prepare_load(keys, _ctx("r"))
+    assert sum(f >= 0 for f in spec.fill) == 2 and m.dram_slots_in_use() == 2
+    m.note_failed_loads({"r"})  # one rank's read failed: vLLM recomputes
+    m.complete_load(keys, _ctx("r"))
+    assert not any(m.orch.in_dram(c) for c in chunks)
+    assert all(m.orch.readable(c) for c in chunks)  # still on SSD
+    assert "histate_promoted_chunks" not in m.get_stats().data["data"]
+    assert m.dram_slots_in_use() == 0
+    assert m.policy.usage(Tier.DRAM) == 0
+
+
+def test_only_the_promoting_load_makes_the_copy_readable(tmp_path):
+    store, chunks, state = published(tmp_path)
+    m = manager(store)
+    keys = [*chunks, state]
+    first = m.prepare_load(keys, _ctx("a"))
+    second = m.prepare_load(keys, _ctx("b"))  # reads the same keys, before a's completed
+    assert second.slots == [-1, -1, -1] and not second.fill
+    m.complete_load(keys, _ctx("b"))
+    assert not any(m.orch.in_dram(c) for c in chunks)  # a's reads may not have landed
+    m.complete_load(keys, _ctx("a"))
+    assert [m.orch.entries[c].slot for c in chunks] == first.fill[:2]
+    assert all(m.orch.in_dram(c) for c in chunks)
+
+
+def test_a_reset_during_a_promotion_frees_the_slot_only_when_the_read_is_over(tmp_path):
+    store, chunks, state = published(tmp_path)
+    m = manager(store)
+    keys = [*chunks, state]
+    m.prepare_load(keys, _ctx("r"))
+    m.reset_cache()
+    assert m.dram_slots_in_use() == 2  # the reads still fill them
+    m.complete_load(keys, _ctx("r"))
+    assert m.dram_slots_in_use() == 0
+    assert not any(m.orch.readable(k) for k in keys)

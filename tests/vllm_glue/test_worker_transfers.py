@@ -307,3 +307,65 @@ def test_an_idle_step_waits_for_a_load_not_for_a_busy_writer(tmp_path):
     assert time.perf_counter() - t0 >= 0.15
     store.gate.set()
     w.shutdown()
+
+
+def test_a_promoted_read_fills_its_dram_slot_with_the_verified_bytes(tmp_path):
+    store = SlowStore(tmp_path, IDENTITY, budget_bytes=1 << 30, delay=0.0)
+    keys = [make_key(f"p{i}") for i in range(3)]
+    for i, k in enumerate(keys):
+        store.write_chunk(k, make_payload(KEY_BYTES, f"p{i}"), provenance="p")
+    w, caches, (_, load_s), _ = make_worker(store, read_ahead=1)
+    # keys[0] and keys[2] are promoted into slots 5 and 1; keys[1] is only restored.
+    spec = HiStateLoadSpec(slots=[-1] * 3, keys=keys, is_state=[False] * 3, fill=[5, -1, 1])
+    w.submit_load(1, spec, gpu_spec([7, 8, 9]))
+    wait_for(lambda: w._loads[1].future.done())
+    load_s.run()
+    assert finished(w) == [(1, True)]
+    for i, b in enumerate((7, 8, 9)):
+        np.testing.assert_array_equal(key_bytes_of(caches, b), make_payload(KEY_BYTES, f"p{i}"))
+    np.testing.assert_array_equal(w.dram[5].numpy().view(np.uint8), make_payload(KEY_BYTES, "p0"))
+    np.testing.assert_array_equal(w.dram[1].numpy().view(np.uint8), make_payload(KEY_BYTES, "p2"))
+    assert not any(w.dram[s].any() for s in (0, 2, 3, 4, 6, 7))
+    w.shutdown()
+
+
+def test_a_corrupt_read_fills_no_promotion_slot(tmp_path):
+    store = SlowStore(tmp_path, IDENTITY, budget_bytes=1 << 30, delay=0.0)
+    k = make_key("bad")
+    store.write_chunk(k, make_payload(KEY_BYTES, "bad"), provenance="p")
+    path = Path(store.layout.chunk_path(k))
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF  # a flipped payload byte: the checksum fails
+    path.write_bytes(bytes(raw))
+    w, caches, (_, load_s), _ = make_worker(store, read_ahead=1)
+    w.submit_load(1, HiStateLoadSpec(slots=[-1], keys=[k], is_state=[False], fill=[2]),
+                  gpu_spec([3]))
+    wait_for(lambda: w._loads[1].future.done())
+    load_s.run()
+    assert finished(w) == [(1, False)]
+    assert not w.dram[2].any() and not key_bytes_of(caches, 3).any()
+    w.shutdown()
+
+
+def test_a_cancelled_restore_never_writes_a_promotion_slot(tmp_path):
+    store = SlowStore(tmp_path, IDENTITY, budget_bytes=1 << 30, delay=0.0)
+    k = make_key("late")
+    store.write_chunk(k, make_payload(KEY_BYTES, "late"), provenance="p")
+    gate = threading.Event()
+    orig = store.read_chunk
+
+    def blocked(key, out):
+        gate.wait(30)
+        return orig(key, out)
+
+    store.read_chunk = blocked
+    w, caches, (_, load_s), _ = make_worker(store, read_ahead=1)
+    spec = HiStateLoadSpec(slots=[-1], keys=[k], is_state=[False], fill=[3])
+    w.submit_load(1, spec, gpu_spec([2]))
+    w._loads[1].cancel()  # what a timeout does; the scheduler then frees slot 3
+    gate.set()
+    wait_for(lambda: w._loads[1].future.done())
+    load_s.run()
+    assert finished(w) == [(1, False)]
+    assert not w.dram[3].any() and not key_bytes_of(caches, 2).any()
+    w.shutdown()

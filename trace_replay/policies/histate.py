@@ -108,6 +108,7 @@ class CoreAdapter(SimPolicy):
                     job.dram_bytes += nbytes
                 else:
                     job.ssd_bytes += nbytes
+            orch.promote(loaded, slots, job.request_id)  # the read fills the slots: nothing more to charge
             self.n["loads"] += 1
             job.resume = p * B
         else:
@@ -126,7 +127,7 @@ class CoreAdapter(SimPolicy):
         job.state = (held, loaded)
 
     def loaded(self, job: Job) -> None:
-        self.orch.complete_load(job.state[1])
+        self.orch.complete_load(job.state[1], job.request_id)
 
     # -- store -------------------------------------------------------------------------------
     def prefilled(self, job: Job) -> None:
