@@ -65,8 +65,8 @@ def test_kv_goes_to_ssd_before_the_state_whose_manifest_names_it():
     assert policy.restorable(hb).position == 4 * BT
 
 
-def test_dram_pressure_moves_data_to_ssd_and_frees_the_slot_when_written():
-    slots = 12
+def _moved_to_ssd(slots=12):
+    """a stored, then b: a's KV (held in DRAM only) moves to SSD to make room for b's."""
     orch, policy, clock, _ = build(slots=slots, ssd_keys=64, headroom_keys=6)
     a = hashes(5, b"a")
     store(orch, "a", a, {5})
@@ -77,8 +77,13 @@ def test_dram_pressure_moves_data_to_ssd_and_frees_the_slot_when_written():
         orch._drop(*e)
     policy.set_budget(Tier.SSD, 64 * KEY)
     clock.t += 100
-    b = hashes(5, b"b")
-    store(orch, "b", b, {5})
+    store(orch, "b", hashes(5, b"b"), {5})
+    return orch, policy, clock, a
+
+
+def test_dram_pressure_moves_data_to_ssd_and_frees_the_slot_when_written():
+    slots = 12
+    orch, policy, _, a = _moved_to_ssd(slots)
     assert orch.stats["slot_short"] == 0 and orch.stats["spills"] > 0, orch.stats
     assert orch.pool.in_use() <= slots - 6  # the moved copies' slots were freed
     for h in a:  # a's KV moved to SSD, nothing deleted
@@ -457,15 +462,7 @@ def test_a_move_waiting_for_the_writer_keeps_its_slot():
 
 def _on_ssd_only():
     """a's KV and checkpoint on SSD only (moved there by b's DRAM pressure)."""
-    orch, policy, clock, deleted = build(slots=12, ssd_keys=64, headroom_keys=6)
-    a = hashes(5, b"a")
-    store(orch, "a", a, {5})
-    clock.t += 100
-    for e in policy.set_budget(Tier.SSD, KEY):
-        orch._drop(*e)
-    policy.set_budget(Tier.SSD, 64 * KEY)
-    clock.t += 100
-    store(orch, "b", hashes(5, b"b"), {5})
+    orch, policy, clock, a = _moved_to_ssd()
     keys = [make_key(h, 0) for h in a] + [make_key(a[-1], 1)]
     assert all(policy.where(k) == {Tier.SSD} for k in keys)
     clock.t += 100
