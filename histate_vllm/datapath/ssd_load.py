@@ -52,12 +52,12 @@ def restore(copier: PageCopier, stream: TransferStream, store: SSDStore, dram: H
     before its copy is queued. Returns the bytes moved.
 
     `slots[i]` is key i's DRAM slot or -1 (on SSD); `parts` is (group, block ids, key
-    indices) per group. `fill[i]` >= 0: key i (read from SSD) is promoted, its verified
-    bytes copied into that DRAM slot as well, under the job's lock like every copy (a
-    slot the scheduler gives back after a timeout is never written). Nothing restored here can run before the whole job reports success:
+    indices) per group. Nothing restored here can run before the whole job reports success:
     on failure vLLM recomputes the request and zeroes the blocks it had allocated for the
     load. Once the job is cancelled (timed out) its blocks may belong to another request, so
-    every copy into them is queued under the job's lock, after checking the flag."""
+    every copy into them is queued under the job's lock, after checking the flag.
+    `fill[i]` >= 0: key i, read from SSD, is promoted: its verified bytes also go into that
+    DRAM slot, under the same lock (a slot given back after a timeout is never written)."""
     in_dram, on_ssd = [], []  # (group, block id, slot or index in the job)
     for g, blocks, idx in parts:
         for block, i in zip(blocks, idx):

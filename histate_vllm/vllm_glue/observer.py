@@ -41,7 +41,7 @@ class Observer:
         self._loading: dict[str, list[bytes]] = {}  # request -> keys of its load in flight
         self.orch.on_events = self._on_policy_events
         self._gauges_at = float("-inf")
-        self._shortfalls_seen: dict[str, int] = {}
+        self._orch_counts_seen: dict[str, int] = {}
         self._other_stores = self._sibling_stores()
         log_dir = self.config.event_log_dir
         if log_dir is None and self.store is not None:
@@ -215,17 +215,17 @@ class Observer:
         gauges = {}
         if force or now - self._gauges_at >= self.GAUGE_INTERVAL:
             gauges, self._gauges_at = self._measure(), now
-        self._count_shortfalls()
+        self._count_orch_counters()
         delta, samples = self.telemetry.take()
         return to_stats(delta, samples, gauges)
 
     _SHORTFALLS = (("slot_freed_copy", "freed_copy"), ("slot_shed", "shed"),
                    ("slot_short", "refused"))
 
-    def _count_shortfalls(self) -> None:
+    def _count_orch_counters(self) -> None:
         """The orchestrator's slot and promotion counters (cumulative) as telemetry
         increments."""
-        stats, seen = self.orch.stats, self._shortfalls_seen
+        stats, seen = self.orch.stats, self._orch_counts_seen
         for stat, outcome in self._SHORTFALLS:
             n = stats.get(stat, 0)
             self.telemetry.add("slot_shortfalls", n - seen.get(stat, 0), (outcome,))
