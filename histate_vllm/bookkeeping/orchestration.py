@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from histate_vllm.policy import Item, Kind, Tier, key_group, make_key
+from histate_vllm.policy import Admission, Item, Kind, Tier, key_group, make_key
 from histate_vllm.policy.base import PolicyCore
 
 
@@ -291,8 +291,7 @@ class Orchestrator:
         admission = self.policy.admit(items, Tier.DRAM)
         if admission is None:
             return fill
-        self._take_spills(admission.spill)
-        self._apply_evictions(admission.evict)
+        self._enact(admission)
         at = {k: i for i, k in enumerate(keys)}
         for key in admission.accepted:
             entry = self.entries.get(key)
@@ -315,7 +314,7 @@ class Orchestrator:
         keys = list(keys)
         self.policy.unpin(keys)
         filling = self._filling
-        filled = [k for k in keys if filling.get(k, None) == load]
+        filled = [k for k in keys if filling.get(k) == load]
         for key in filled:
             del filling[key]
         if filled:
@@ -357,8 +356,7 @@ class Orchestrator:
             admission = self.policy.admit(list(items.values()), Tier.DRAM)
             accepted = list(admission.accepted) if admission is not None else []
             if admission is not None:  # evictions stand even when nothing was accepted
-                self._take_spills(admission.spill)
-                evicted = self._apply_evictions(admission.evict)
+                evicted = self._enact(admission)
             fresh_set = set(fresh)
             for key, slot in self._fit_slots(accepted, items, evicted):
                 item = items[key]
@@ -549,8 +547,7 @@ class Orchestrator:
                 continue
             admission = self.policy.admit([item], Tier.SSD)
             if admission is not None:
-                self._take_spills(admission.spill)
-                self._apply_evictions(admission.evict)
+                self._enact(admission)
             if admission is None or item.key not in admission.accepted:
                 continue
             entry = self.entries.get(item.key)
@@ -636,6 +633,13 @@ class Orchestrator:
         return SSDWrite(key=key, slot=entry.slot, is_state=entry.is_state,
                         position=entry.position, chunk_keys=entry.refs,
                         provenance=entry.request_id)
+
+    def _enact(self, admission: Admission) -> list[bytes]:
+        """Apply what an admission decided besides its accepted keys: the moves to SSD
+        first (their DRAM copies, also in `evict`, stay until written), then the evictions.
+        Returns the keys gone."""
+        self._take_spills(admission.spill)
+        return self._apply_evictions(admission.evict)
 
     def _take_spills(self, keys: Sequence[bytes]) -> None:
         """The policy moves these DRAM copies to SSD (HiState's hierarchy): queue their
@@ -755,7 +759,8 @@ class Orchestrator:
         for key, entry in list(self.entries.items()):
             if key in self._filling:  # a load still writes the slot: freed when it ends
                 entry.forget_dram = True
-                self.policy.remove(key, Tier.DRAM, "reset_cache")
             elif entry.slot >= 0 and not entry.ssd_pending:
                 self._release_slot(key, entry)
-                self.policy.remove(key, Tier.DRAM, "reset_cache")
+            else:
+                continue
+            self.policy.remove(key, Tier.DRAM, "reset_cache")

@@ -108,7 +108,8 @@ class CoreAdapter(SimPolicy):
                     job.dram_bytes += nbytes
                 else:
                     job.ssd_bytes += nbytes
-            orch.promote(loaded, slots, job.request_id)  # the read fills the slots: nothing more to charge
+            # Promotion: the read fills the DRAM copies, nothing more to charge.
+            orch.promote(loaded, slots, job.request_id)
             self.n["loads"] += 1
             job.resume = p * B
         else:
