@@ -54,6 +54,7 @@ from histate_vllm.bookkeeping import rank_reports
 from histate_vllm.bookkeeping.restore_admission import Admission, evictable_blocks
 from histate_vllm.bookkeeping.step_cost import StepCost
 from histate_vllm.config import HiStateConfig
+from histate_vllm.vllm_glue import contracts
 from histate_vllm.vllm_glue.cpu_binding import check_worker_binding, place_worker_threads
 from histate_vllm.vllm_glue.identity import check_parallelism, store_identity, store_root
 from histate_vllm.vllm_glue.layout import CacheLayout, check_kv_cache_pages, check_ssd_bytes
@@ -77,8 +78,7 @@ class HiStateWorkerMetadata(OffloadingWorkerMetadata):
         base = super().aggregate(other)
         assert isinstance(other, HiStateWorkerMetadata)
         return HiStateWorkerMetadata(
-            completed_jobs=base.completed_jobs,
-            transfer_stats=base.transfer_stats,
+            **contracts.base_fields(base),  # failed_jobs too, where vLLM has them
             ssd_written=rank_reports.merge(self.ssd_written, other.ssd_written),
             ssd_lost=self.ssd_lost | other.ssd_lost,
         )
@@ -179,11 +179,12 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         if lookup is None or not hasattr(kv_cache_manager, "truncate_computed_blocks"):
             return False
         self._kv_cache_manager_ref = kv_cache_manager
+        # vLLM 0.33+ pass a bound on the hit (max_cache_hit_length): handed on as given.
         kv_cache_manager.get_computed_blocks_for_connector = (
-            lambda request: self.local_prefix_hit(lookup, request))
+            lambda request, *bound: self.local_prefix_hit(lookup, request, *bound))
         return True
 
-    def local_prefix_hit(self, lookup, request):
+    def local_prefix_hit(self, lookup, request, *bound):
         """The GPU part of a request's hit: vLLM's, or a deeper one the connector completes.
 
         On a hybrid model vLLM's own hit is the deepest position where every group has
@@ -197,10 +198,10 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         the connector loads only the KV from `start` and the state (`_divergent_start`).
         Otherwise vLLM's own all-group hit stands, so this is never worse than before.
         """
-        blocks, local, junction, diverged = lookup(request)
+        blocks, local, junction, diverged = lookup(request, *bound)
         if diverged:
             kvm = self._kv_cache_manager_ref
-            all_blocks, all_local, all_junction = kvm.get_computed_blocks(request)
+            all_blocks, all_local, all_junction = kvm.get_computed_blocks(request, *bound)
             start = self._divergent_start(request, all_local, local)
             if start is None:
                 blocks, local, junction, diverged = all_blocks, all_local, all_junction, False
@@ -389,7 +390,7 @@ class HiStateConnectorWorker(OffloadingConnectorWorker):
             if result.success and result.transfer_time is not None and result.transfer_size:
                 stats = meta.transfer_stats.load if is_load else meta.transfer_stats.store
                 stats.record(result.transfer_size, result.transfer_time)
-            meta.mark_completed(result.job_id)
+            contracts.mark_completed(meta, result.job_id, result.success)
             req_id = self._load_jobs.pop(result.job_id, None)
             if req_id is not None:
                 finished_recving.add(req_id)
@@ -454,6 +455,7 @@ class HiStateConnector(OffloadingConnector):
         self.connector_scheduler = None
         self.connector_worker = None
         if role == KVConnectorRole.SCHEDULER:
+            contracts.check_version(logger)
             self.connector_scheduler = HiStateConnectorScheduler(spec, vllm_config, kv_cache_config)
         elif role == KVConnectorRole.WORKER:
             check_worker_binding()

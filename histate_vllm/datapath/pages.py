@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 
 # One layer's pages in a group: (cache tensor [num_blocks, page] int8, bytes, offset in key)
@@ -101,3 +102,49 @@ def group_views(tensors: Sequence[torch.Tensor], group_refs: Sequence[Sequence[P
             raise LayoutError(f"group {g} needs {offset} bytes per key, a slot has {key_bytes}")
         groups.append(views)
     return groups
+
+
+def blocks_from_pointers(groups: Sequence[Sequence[View]], ptrs, sizes,
+                         group_block_counts: Sequence[int],
+                         group_data_ref_counts: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(blocks per group, block ids) of a job given as resolved page addresses.
+
+    vLLM 0.34 hands workers `DevicePointers`: for each group, for each layer of the group,
+    for each block, the address and size of its page (`base + block * block_stride`). The
+    copies here address pages by block id, so this inverts that: block ids from the first
+    layer's addresses, then every address and size of every layer checked against them. An
+    address that is not one of this worker's pages (another layout, a foreign tensor) is a
+    LayoutError, never a copy to the wrong place."""
+    ptrs = np.asarray(ptrs, dtype=np.uint64)
+    sizes = np.asarray(sizes, dtype=np.uint64)
+    if len(group_block_counts) != len(groups):
+        raise LayoutError(f"a job for {len(group_block_counts)} groups, this worker has "
+                          f"{len(groups)}")
+    counts, ids, at = [], [], 0
+    for g, (n, refs) in enumerate(zip(group_block_counts, group_data_ref_counts)):
+        counts.append(n)
+        if n == 0:
+            continue
+        views = groups[g]
+        if refs != len(views):
+            raise LayoutError(f"group {g}: a job with {refs} layers, this worker has "
+                              f"{len(views)}")
+        tensor = views[0][0]
+        base, stride = np.uint64(tensor.data_ptr()), tensor.stride(0)
+        first = ptrs[at:at + n]
+        offset = first - base  # wraps for an address below the tensor: caught below
+        block = (offset // np.uint64(stride)).astype(np.int64)
+        if ((offset % np.uint64(stride)).any() or (block < 0).any()
+                or (block >= tensor.shape[0]).any()):
+            raise LayoutError(f"group {g}: a page address outside this worker's cache")
+        for r, (view, page_bytes, _) in enumerate(views):
+            want = np.uint64(view.data_ptr()) + block.astype(np.uint64) * np.uint64(view.stride(0))
+            run = slice(at + r * n, at + (r + 1) * n)
+            if not np.array_equal(ptrs[run], want) or (sizes[run] != page_bytes).any():
+                raise LayoutError(f"group {g}, layer {r}: page addresses or sizes differ "
+                                  "from this worker's layout")
+        ids.extend(block.tolist())
+        at += n * refs
+    if at != len(ptrs):
+        raise LayoutError(f"{len(ptrs)} page addresses for {at} pages")
+    return counts, ids

@@ -9,6 +9,7 @@ and owns the SSD store handle. It runs in the scheduler process; the worker move
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Collection, Iterable
 
@@ -149,6 +150,18 @@ class HiStateManager(OffloadingManager):
                 {k: info.chunk_keys for k, info in index.checkpoints.items()})
         logger.info("HiState: found %d checkpoints and %d KV chunks on SSD (%s)",
                     checkpoints, chunks, self.store.root)
+
+    def config_info(self):
+        """vLLM 0.33+: one `vllm:kv_offload_config_info` series (labels: offloading_spec.
+        CONFIG_INFO_KEYS), so a dashboard shows what this engine caches with."""
+        store = self.store
+        return [{
+            "connector": "HiStateConnector", "policy": self.config.policy,
+            "block_tokens": self.layout.block_tokens, "dram_bytes": self.config.dram_bytes,
+            "ssd_bytes": self.config.ssd_bytes if store is not None else 0,
+            "ssd_dir": store.root if store is not None else "",
+            "store_identity": os.path.basename(store.layout.dir) if store is not None else "",
+        }]
 
     # --- requests ---
 
@@ -381,3 +394,7 @@ class HiStateManager(OffloadingManager):
 
     def shutdown(self) -> None:
         self.observer.shutdown()
+        # vLLM shuts a connector's worker side (which drains its SSD writes) before the
+        # scheduler side: the next engine on this directory may open the store now.
+        if self.store_lock is not None:
+            self.store_lock.release()

@@ -14,6 +14,10 @@ from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
+# What HiStateManager.config_info reports: the settings that shape what is cached.
+CONFIG_INFO_KEYS = ("connector", "policy", "block_tokens", "dram_bytes", "ssd_bytes",
+                    "ssd_dir", "store_identity")
+
 _said_unusable: set[str] = set()  # roots already reported in this process
 
 
@@ -57,6 +61,12 @@ class HiStateSpec(OffloadingSpec):
         from histate_vllm.vllm_glue.prom_metrics import definitions
 
         return definitions()
+
+    @classmethod
+    def config_info_keys(cls, extra_config):
+        # vLLM 0.33+: labels of its `vllm:kv_offload_config_info` series, which the
+        # manager fills (HiStateManager.config_info).
+        return CONFIG_INFO_KEYS
 
     @property
     def ranks(self) -> int:

@@ -23,6 +23,8 @@ from vllm.v1.kv_offload.base import (
     OffloadingMetricMetadata,
 )
 
+from histate_vllm.vllm_glue import contracts
+
 PREFIX = "histate_"
 
 _TIER = ("tier",)
@@ -111,6 +113,15 @@ class HiStatePromMetrics(OffloadPromMetrics):
         self._offloading_metric_metadata: dict[str, Any] = {
             **definitions(), **get_connector_metric_definitions(),
         }
+        if contracts.STATS_INFO:  # vLLM 0.33+: its config-info series, HiState's labels
+            from vllm.distributed.kv_transfer.kv_connector.v1.offloading import metrics
+
+            from histate_vllm.vllm_glue.offloading_spec import CONFIG_INFO_KEYS, HiStateSpec
+
+            self._spec_cls = HiStateSpec
+            self._info_keys = CONFIG_INFO_KEYS
+            self._offloading_metric_metadata[metrics.KV_OFFLOAD_CONFIG_INFO] = _G(
+                documentation=metrics._INFO_METRIC_HELP, labelnames=CONFIG_INFO_KEYS)
         self._observe_deprecated_metrics = False
         self._offloading_metric_defs = {
             name: self._create_metric(name, md)

@@ -44,14 +44,13 @@ import torch
 from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
-    GPULoadStoreSpec,
     OffloadingWorker,
     TransferResult,
 )
 
 from histate_vllm.datapath.copier import PageCopier, host_swap_blocks_batch
 from histate_vllm.datapath.hostmem import HostRows
-from histate_vllm.datapath.pages import group_views
+from histate_vllm.datapath.pages import blocks_from_pointers, group_views
 from histate_vllm.datapath.ssd_load import SSDLoad, restore
 from histate_vllm.datapath.streams import Event, TransferStream, transfer_stream
 from histate_vllm.store import (
@@ -63,6 +62,7 @@ from histate_vllm.store import (
 )
 from histate_vllm.store import reset as store_reset
 from histate_vllm.store.threads import executor, start_thread
+from histate_vllm.vllm_glue import contracts
 from histate_vllm.vllm_glue.transfer_specs import (
     HiStateLoadSpec,
     HiStateStoreSpec,
@@ -171,16 +171,23 @@ class HiStateWorker(OffloadingWorker):
 
     # --- GPU <-> DRAM ---
 
-    def _parts(self, spec: GPULoadStoreSpec, slots):
-        """(group index, block ids, slots) per group of a job, from the job's key order."""
+    def _parts(self, spec, slots):
+        """(group index, block ids, slots) per group of a job, from the job's key order.
+        `spec`: the job's GPU side, as this vLLM hands it (see `contracts`)."""
+        if contracts.is_device_pointers(spec):
+            group_sizes, block_ids = blocks_from_pointers(
+                self._groups, spec.ptrs, spec.sizes, spec.group_block_counts,
+                spec.group_data_ref_counts)
+        else:
+            group_sizes, block_ids = spec.group_sizes, spec.block_ids
         parts, start = [], 0
-        for g, size in enumerate(spec.group_sizes):
+        for g, size in enumerate(group_sizes):
             if size:
-                parts.append((g, spec.block_ids[start : start + size], slots[start : start + size]))
+                parts.append((g, block_ids[start : start + size], slots[start : start + size]))
             start += size
         return parts
 
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec) -> bool:
+    def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
         assert isinstance(dst_spec, HiStateStoreSpec)
         batch = self.copier.batch(self._parts(src_spec, dst_spec.slots), self.dram,
                                   to_host=True, breaks=self._pool.breaks)
@@ -191,7 +198,9 @@ class HiStateWorker(OffloadingWorker):
             self._slot_filled[slot] = event
         return True
 
-    def submit_load(self, job_id: int, src_spec, dst_spec: GPULoadStoreSpec) -> bool:
+    def submit_load(self, job_id: int, src_spec, dst_spec, expedited: bool = False) -> bool:
+        # `expedited` (vLLM 0.33+): a load vLLM waits for in the step (`wait`); never
+        # issued here, since the connector keeps vLLM's sync-load budget at 0.
         assert isinstance(src_spec, HiStateLoadSpec)
         stream = self._load_stream
         after = stream.mark_compute()  # on the engine thread: the compute stream
@@ -209,7 +218,7 @@ class HiStateWorker(OffloadingWorker):
         self._loads[job_id] = job
         return True
 
-    def _load_with_ssd(self, src: HiStateLoadSpec, dst: GPULoadStoreSpec, after: Event | None,
+    def _load_with_ssd(self, src: HiStateLoadSpec, dst, after: Event | None,
                        staging: Future, io: ThreadPoolExecutor, job: SSDLoad) -> int:
         """On the reader thread: the job's SSD read pipeline (datapath.ssd_load)."""
         parts = self._parts(dst, list(range(len(src.keys))))
