@@ -16,6 +16,9 @@ Prints PASS, FAIL or SKIP per check, then a table of ratios; exits 1 if any chec
              call must return without waiting
   groups     both above with two groups aliasing one tensor (an attention group and a state
              group on different blocks, different page sizes, block stride > either page)
+  pointers   the same through vLLM 0.34's copy contract: each job's blocks given as page
+             addresses (DevicePointers), read back as the worker does and checked (an
+             address off by one byte refused); two groups on a tensor per layer, and aliased
   bandwidth  DRAM -> GPU and GPU -> DRAM through the copier against one plain pinned
              cudaMemcpy of the same bytes; SSD -> GPU through the store's read pipeline
              against a raw O_DIRECT read of the same files (needs the store's msgspec)
@@ -219,23 +222,29 @@ def _timed(ctx: Ctx, fn, iters: int | None = None) -> float:
 
 # --- ordering against compute ---
 
-def _layout(ctx: Ctx, aliased: bool):
-    """Caches and groups: one group of `layers` tensors, or (aliased) an attention group
-    and a state group sharing every tensor, each on its own blocks, pages of different
-    sizes, block stride larger than either page."""
+def _layout(ctx: Ctx, aliased: bool, two_groups: bool = False):
+    """Caches and groups: one group of `layers` tensors, or an attention group and a state
+    group, each on its own blocks, pages of different sizes, block stride larger than
+    either page: sharing every tensor (`aliased`, as vLLM allocates hybrid models), or
+    each layer of each group in a tensor of its own (`two_groups`)."""
     torch = ctx.torch
     blocks, page = 4 * ctx.keys, ctx.page
     stride = page + page // 2 + 256  # larger than either group's page
-    base = [torch.zeros(blocks, stride, dtype=torch.int8, device=ctx.device)
-            for _ in range(ctx.layers)]
+
+    def tensors():
+        return [torch.zeros(blocks, stride, dtype=torch.int8, device=ctx.device)
+                for _ in range(ctx.layers)]
+
+    base = tensors()
     attn = [(t[:, :page], page, i * page) for i, t in enumerate(base)]
-    if not aliased:
+    if not (aliased or two_groups):
         return base, [attn], [list(range(0, 2 * ctx.keys, 2))]
+    state_base = base if aliased else tensors()
     state_page = page // 2 + 128
-    state = [(t[:, :state_page], state_page, i * state_page) for i, t in enumerate(base)]
+    state = [(t[:, :state_page], state_page, i * state_page) for i, t in enumerate(state_base)]
     half = ctx.keys // 2
-    return base, [attn, state], [list(range(1, 2 * half, 2)),
-                                 list(range(2 * half + 1, 2 * half + 1 + 2 * half, 2))]
+    return (base if aliased else base + state_base), [attn, state], [
+        list(range(1, 2 * half, 2)), list(range(2 * half + 1, 2 * half + 1 + 2 * half, 2))]
 
 
 def _host_rows(ctx: Ctx, groups, count: int):
@@ -245,17 +254,23 @@ def _host_rows(ctx: Ctx, groups, count: int):
     return HostRows(count, key_bytes, pin=ctx.gpu)
 
 
-def _check_store_load(ctx: Ctx, aliased: bool) -> str:
+def _check_store_load(ctx: Ctx, aliased: bool, two_groups: bool = False,
+                      pointers: bool = False) -> str:
+    """Store then load through the copier; `pointers`: each job's blocks come from the
+    page addresses vLLM 0.34 hands a worker (`device_pointers`), read back as the worker
+    does (`datapath.pages.blocks_from_pointers`)."""
     torch = ctx.torch
     from histate_vllm.datapath.copier import PageCopier
 
-    base, groups, group_blocks = _layout(ctx, aliased)
+    base, groups, group_blocks = _layout(ctx, aliased, two_groups)
     # No vLLM: the kernels path, staged as on a device (forced in a dry run, to run it).
     copier = PageCopier(groups, staged=True)
     rows = _host_rows(ctx, groups, 2 * ctx.keys)
     gen = torch.Generator().manual_seed(11)
     # Keys go to scattered, out-of-order rows.
     order = torch.randperm(2 * ctx.keys, generator=gen).tolist()
+    if pointers:
+        group_blocks = _blocks_via_pointers(groups, group_blocks)
     parts, at = [], 0
     for g, blocks in enumerate(group_blocks):
         parts.append((g, blocks, order[at:at + len(blocks)]))
@@ -342,6 +357,54 @@ def check_store_load(ctx: Ctx) -> str:
 
 def check_aliased_groups(ctx: Ctx) -> str:
     return _check_store_load(ctx, aliased=True)
+
+
+# --- vLLM 0.34's copy contract ---
+
+def device_pointers(groups, group_blocks):
+    """A job's GPU side as vLLM 0.34 hands it to a worker (`DevicePointers`, which its
+    `resolve_device_pointers` builds): for each group, each layer, each block, the page's
+    address and size. Returns (ptrs, sizes, blocks per group, layers per group)."""
+    import numpy as np
+
+    ptrs, sizes = [], []
+    for views, blocks in zip(groups, group_blocks):
+        for tensor, nbytes, _ in views:
+            ptrs += [tensor.data_ptr() + b * tensor.stride(0) for b in blocks]
+            sizes += [nbytes] * len(blocks)
+    return (np.array(ptrs, dtype=np.uint64), np.array(sizes, dtype=np.uint64),
+            tuple(len(b) for b in group_blocks), tuple(len(v) for v in groups))
+
+
+def _blocks_via_pointers(groups, group_blocks):
+    """Each group's blocks read back from the job's page addresses, as the worker does;
+    an address off by one byte must be refused, never copied."""
+    from histate_vllm.datapath.pages import LayoutError, blocks_from_pointers
+
+    ptrs, sizes, counts, refs = device_pointers(groups, group_blocks)
+    got_counts, ids = blocks_from_pointers(groups, ptrs, sizes, counts, refs)
+    assert list(got_counts) == list(counts) and ids == [b for bl in group_blocks for b in bl]
+    bad = ptrs.copy()
+    bad[-1] += 1
+    try:
+        blocks_from_pointers(groups, bad, sizes, counts, refs)
+    except LayoutError:
+        pass
+    else:
+        raise AssertionError("a page address off by one byte was accepted")
+    out, at = [], 0
+    for n in got_counts:
+        out.append(ids[at:at + n])
+        at += n
+    return out
+
+
+def check_pointers_per_layer(ctx: Ctx) -> str:
+    return _check_store_load(ctx, aliased=False, two_groups=True, pointers=True)
+
+
+def check_pointers_aliased(ctx: Ctx) -> str:
+    return _check_store_load(ctx, aliased=True, pointers=True)
 
 
 # --- bandwidth ---
@@ -484,6 +547,8 @@ CHECKS = [
     ("kernels", check_kernels),
     ("store/load ordering", check_store_load),
     ("two groups aliasing one tensor", check_aliased_groups),
+    ("vLLM 0.34 DevicePointers, a tensor per layer", check_pointers_per_layer),
+    ("vLLM 0.34 DevicePointers, aliased groups", check_pointers_aliased),
     ("bandwidth DRAM<->GPU", check_bandwidth),
     ("bandwidth SSD->GPU", check_ssd),
 ]

@@ -46,6 +46,7 @@ wanted = {
     "prometheus-client", "pyzmq", "msgspec", "cloudpickle", "pyyaml", "einops", "filelock",
     "aiohttp", "pillow", "pybase64", "cbor2", "llguidance", "xgrammar", "compressed-tensors",
     "typing-extensions", "openai", "fastapi", "prometheus-fastapi-instrumentator",
+    "oss-harmony", "partial-json-parser",
 }
 for line in requires("vllm") or ():
     req = Requirement(line)

@@ -2,7 +2,8 @@
 
 `triton.compile` with a `GPUTarget` runs the whole pipeline a launch would: Triton IR, the
 target's LLVM IR, then PTX assembled by the ptxas Triton bundles into a cubin for sm_90
-(H100/H200), and AMDGCN linked by the bundled ld.lld into an hsaco for gfx942 (MI300X).
+(H100/H200), and AMDGCN linked by the bundled ld.lld into an hsaco for gfx942 (MI300X) and
+gfx1151 (Strix Halo, an RDNA 3.5 APU: 32-wide waves).
 The interpreter runs in test_kernels.py check what the kernels compute; only this checks that
 they compile: the interpreter accepts code a GPU build refuses (a kernel that reads a plain
 module global, for one, which broke `_checksum` on every real device).
@@ -27,7 +28,8 @@ import pytest
 pytest.importorskip("triton")
 REPO = Path(__file__).resolve().parents[1]
 
-TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
+TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64),
+           "gfx1151": ("hip", "gfx1151", 32)}
 # The last stage each target's build produces: a device binary, not only assembly text.
 BINARY = {"cuda": "cubin", "hip": "hsaco"}
 

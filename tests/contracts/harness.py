@@ -17,37 +17,28 @@ of the tokens so far. A restore that brought a wrong, stale or shifted byte fail
 from __future__ import annotations
 
 import hashlib
-import os
-
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import numpy as np
 import torch
-
-import vllm.triton_utils
-
-# The CUDA wheel's CPU platform asks for triton-cpu before it starts; no kernel runs here.
-vllm.triton_utils.HAS_TRITON = True
-
-from vllm import SamplingParams  # noqa: E402
-from vllm.config import KVTransferConfig  # noqa: E402
-from vllm.engine.arg_utils import EngineArgs  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm import SamplingParams
+from vllm.config import KVTransferConfig
+from vllm.engine.arg_utils import EngineArgs
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
     MambaSpec,
 )
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
-from histate_vllm.connector import HiStateConnector  # noqa: E402
+from histate_vllm.connector import HiStateConnector
 
 ATTN = "model.layers.3.self_attn.attn"
 STATES = ("model.layers.0.linear_attn", "model.layers.1.linear_attn",
