@@ -443,12 +443,16 @@ class HiStateConnector(OffloadingConnector):
         # prompt; vLLM's tracker records them only when asked.
         offloading = dataclasses.replace(offloading, extra_config={
             "offload_prompt_only": False, "self_describing_kv_events": True})
+        root = store_root(histate.ssd_dir, vllm_config)
         spec = HiStateSpec(
-            offloading, histate, layout, store_identity(vllm_config, layout, kv_cache_config),
+            offloading, histate, layout,
+            # Without an SSD store the identity names nothing on disk: weights not read.
+            store_identity(vllm_config, layout, kv_cache_config, weights_cache_dir=root,
+                           hash_weights=root is not None),
             max_model_len=vllm_config.model_config.max_model_len,
             step_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
             chunk_tokens=prefill_chunk_tokens(vllm_config.scheduler_config),
-            store_root=store_root(histate.ssd_dir, vllm_config),
+            store_root=root,
         )
         self._canonical_layout = offloading.canonical_layout
         self._gpu_hits_first = False

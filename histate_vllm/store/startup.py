@@ -19,6 +19,7 @@ directory listings only, never a payload:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -26,7 +27,12 @@ from histate_vllm.store.errors import StoreUnusable
 from histate_vllm.store.format import StoreIdentity
 from histate_vllm.store.gc import _removable, _unlink_if_same
 from histate_vllm.store.lock import DirLock
-from histate_vllm.store.reset import rank_identity, remove_reset_generations, wipe
+from histate_vllm.store.reset import (
+    RESET_MARK,
+    rank_identity,
+    remove_reset_generations,
+    wipe,
+)
 from histate_vllm.store.scan import StoreIndex
 from histate_vllm.store.store import SSDStore
 from histate_vllm.store.trust import open_root
@@ -41,6 +47,9 @@ class StartupReport:
     orphans_removed: int = 0
     orphans_kept_young: int = 0
     reset_dirs_removed: list[str] = field(default_factory=list)
+    # Store directories under the root of another identity of the same model and rank,
+    # with the fields that differ: their entries are never used by this engine.
+    other_identities: list[tuple[str, list[str]]] = field(default_factory=list)
 
 
 def open_for_engine(
@@ -80,6 +89,7 @@ def open_for_engine(
                            identity.weights)
             for s in stores:
                 wipe(s)
+        report.other_identities = other_identities(root, identity, store.layout.dir)
         index, indexes = reconcile(stores, report)
         for s, idx in zip(stores, indexes):
             _collect_orphans(s, idx, grace_s, report)
@@ -88,6 +98,33 @@ def open_for_engine(
         raise
     report.checkpoints = len(index.checkpoints)
     return store, lock, index, report
+
+
+def other_identities(root: str, identity: StoreIdentity,
+                     own_dir: str) -> list[tuple[str, list[str]]]:
+    """Directories under `root` holding another identity of this model and rank, each with
+    the identity fields that differ (what a log line tells an operator whose restores
+    stopped: new weights, another dtype, another vLLM...)."""
+    import msgspec
+
+    from histate_vllm.store.scan import read_identity
+
+    found = []
+    try:
+        dirs = sorted(e.path for e in os.scandir(root) if e.is_dir() and e.path != own_dir)
+    except OSError:
+        return found
+    for d in dirs:
+        other = read_identity(d)
+        if other is None or other.model != identity.model or other.tp_rank != identity.tp_rank:
+            continue
+        if RESET_MARK in other.extra:
+            continue  # an earlier reset generation, removed above
+        mine, theirs = msgspec.structs.asdict(identity), msgspec.structs.asdict(other)
+        fields = [k for k in mine if mine[k] != theirs.get(k)]
+        if fields:
+            found.append((d, fields))
+    return found
 
 
 def reconcile(

@@ -51,7 +51,7 @@ OFFLOAD_JUNCTION = hasattr(OffloadingConnectorScheduler,
                            "_maybe_register_shared_prefix_junction")
 
 
-def minor_version(version: str = VLLM_VERSION) -> tuple[int, int] | None:
+def minor_version(version: str) -> tuple[int, int] | None:
     parts = version.split(".")
     try:
         return int(parts[0]), int(parts[1])
@@ -59,13 +59,28 @@ def minor_version(version: str = VLLM_VERSION) -> tuple[int, int] | None:
         return None
 
 
+def is_supported(version: str | None = None) -> bool:
+    minor = minor_version(VLLM_VERSION if version is None else version)
+    return minor is not None and SUPPORTED[0] <= minor <= SUPPORTED[1]
+
+
+def supported_range() -> str:
+    lo, hi = (".".join(map(str, v)) for v in SUPPORTED)
+    return f"{lo} to {hi}"
+
+
 def check_version(logger) -> None:
     """Warn once when the installed vLLM is outside the tested range (it may still work)."""
-    minor = minor_version()
-    if minor is None or not SUPPORTED[0] <= minor <= SUPPORTED[1]:
-        lo, hi = (".".join(map(str, v)) for v in SUPPORTED)
-        logger.warning("HiState is tested with vLLM %s to %s; this is vLLM %s", lo, hi,
+    if not is_supported():
+        logger.warning("HiState is tested with vLLM %s; this is vLLM %s", supported_range(),
                        VLLM_VERSION)
+
+
+def require_supported() -> None:
+    """Stop (a container build, say) on a vLLM outside the tested range."""
+    if not is_supported():
+        raise SystemExit(f"histate-vllm supports vLLM {supported_range()}; this is vLLM "
+                         f"{VLLM_VERSION}")
 
 
 def mark_completed(meta: OffloadingWorkerMetadata, job_id: int, success: bool) -> None:

@@ -6,6 +6,9 @@ config. The identity covers everything that changes the bytes of a KV page or a 
 keys (the prefix hash function); its digest names the store's directory, so entries of
 any other identity are never even looked at.
 
+The weights are pinned by their bytes: a content digest of `config.json` and every weight
+file (`store.weights_digest`; each file hashed once, then cached on what no rewrite of it
+can keep), so new weights start on an empty store whatever their file sizes and times.
 Weights that cannot be pinned (a callable hf_overrides, dummy weights, a hub model not
 found in the local cache), and keys that cannot match after a restart (a non-cryptographic
 prefix hash with a random per-process seed: PYTHONHASHSEED unset) get
@@ -15,22 +18,29 @@ start (see `store.startup`, which logs why).
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
 from histate_vllm.store import StoreIdentity
+from histate_vllm.store.weights_digest import files_digest
 from histate_vllm.vllm_glue.layout import CacheLayout
 
 UNPINNED = "unpinned"
+logger = logging.getLogger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
 
-def store_identity(vllm_config, layout: CacheLayout, kv_cache_config=None) -> StoreIdentity:
+def store_identity(vllm_config, layout: CacheLayout, kv_cache_config=None, *,
+                   weights_cache_dir: str | None = None,
+                   hash_weights: bool = True) -> StoreIdentity:
     """Everything that must match for bytes on disk to be valid for this engine.
 
     kv_cache_config: vLLM's, whose `kv_cache_layout` (resolved once by the engine core,
-    adopted by every worker: so scheduler and workers agree) orders the KV page's dims."""
+    adopted by every worker: so scheduler and workers agree) orders the KV page's dims.
+    weights_cache_dir: where the weights' per-file digests are cached (the store root).
+    hash_weights: False for an engine without an SSD store, whose identity names nothing
+    on disk: its weights are not read."""
     import vllm
 
     model_config = vllm_config.model_config
@@ -59,7 +69,8 @@ def store_identity(vllm_config, layout: CacheLayout, kv_cache_config=None) -> St
     }
     return StoreIdentity(
         model=str(model_config.model),
-        weights=weights_id(vllm_config),
+        weights=(weights_id(vllm_config, weights_cache_dir) if hash_weights
+                 else f"{UNPINNED}: no SSD store"),
         dtype=str(dtype),
         kv_layout=json.dumps(
             {"groups": layout.group_ids, "state_groups": sorted(layout.state_group_ids)}
@@ -74,8 +85,8 @@ def store_identity(vllm_config, layout: CacheLayout, kv_cache_config=None) -> St
     )
 
 
-def weights_id(vllm_config) -> str:
-    """The weights, as far as they can be pinned: revision, a fingerprint of the files,
+def weights_id(vllm_config, cache_dir: str | None = None) -> str:
+    """The weights, as far as they can be pinned: revision, a digest of the files' bytes,
     config overrides and the load format. `unpinned: why` where they cannot be."""
     model_config = vllm_config.model_config
     overrides = model_config.hf_overrides
@@ -92,7 +103,7 @@ def weights_id(vllm_config) -> str:
                             getattr(load_config, "download_dir", None))
     if path is None:
         return f"{UNPINNED}: {model_config.model} not found on local disk"
-    fingerprint = weights_fingerprint(path)
+    fingerprint = weights_fingerprint(path, cache_dir)
     parts = [model_config.revision or "", path.name, fingerprint, load_format]
     if overrides:
         parts.append("overrides=" + _canonical(overrides))
@@ -110,20 +121,22 @@ def unpinned_hash_seed(vllm_config) -> str | None:
     return None
 
 
-def weights_fingerprint(path: Path) -> str:
-    """A model directory's config and the size and mtime of each weight file (symlinks
-    into the hub cache followed), so rebuilt weights never match old states (a rebuild
-    only costs a cold cache)."""
-    h = hashlib.sha256()
-    config = path / "config.json"
-    if config.exists():
-        h.update(config.read_bytes())
-    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
-    files += sorted(path.glob("*.pt")) + sorted(path.glob("*.gguf"))
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
+
+
+def weights_fingerprint(path: Path, cache_dir: str | None = None) -> str:
+    """A digest of a model directory's `config.json` and weight files, by their bytes
+    (symlinks into the hub cache followed): other weights never match old states, even
+    with the same file sizes and times."""
+    files = [path / "config.json"] if (path / "config.json").exists() else []
+    for pattern in WEIGHT_FILES:
+        files += sorted(path.glob(pattern))
+    digest, report = files_digest(files, cache_dir)
+    if report.bytes_hashed:
+        logger.info("HiState: weights digest of %s: %d files, %.2f GB read in %.1f s "
+                    "(%.2f GB unchanged since last hashed)", path, report.files,
+                    report.bytes_hashed / 1e9, report.seconds, report.bytes_cached / 1e9)
+    return digest[:16]
 
 
 def _local_model_dir(model: str, revision: str | None,

@@ -109,6 +109,10 @@ class HiStateSpec(OffloadingSpec):
             _dram_only(e)
             return None, None, None
         self._warn_unwritable(store)
+        for path, fields in report.other_identities:
+            logger.info("HiState: entries in %s are not used: they were stored under "
+                        "another identity of this model (differing: %s)", path,
+                        ", ".join(fields))
         logger.info(
             "HiState: SSD store %s: %d checkpoints usable, %d orphan files removed, "
             "%d checkpoints not held by every rank removed",

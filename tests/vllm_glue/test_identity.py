@@ -87,6 +87,29 @@ def test_rebuilt_weights_change_the_identity(model_dir):
     assert digest(config(model_dir)) != before
 
 
+def test_new_weights_with_the_old_size_and_mtime_change_the_identity(model_dir, tmp_path):
+    """Weights rewritten in place, keeping size and mtime (cp -p, rsync -t, a reproducible
+    image): the identity follows the bytes, with or without the digest cache."""
+    f = model_dir / "model.safetensors"
+    cache = str(tmp_path / "ssd")
+    before = store_identity(config(model_dir), LAYOUT, weights_cache_dir=cache).digest()
+    st = f.stat()
+    f.write_bytes(b"v" * st.st_size)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    after = store_identity(config(model_dir), LAYOUT, weights_cache_dir=cache).digest()
+    assert after != before
+    assert store_identity(config(model_dir), LAYOUT).digest() == after
+
+
+def test_an_engine_without_ssd_reads_no_weights(model_dir, monkeypatch):
+    from histate_vllm.vllm_glue import identity
+
+    monkeypatch.setattr(identity, "files_digest", lambda *a: 1 / 0)
+    ident = store_identity(config(model_dir), LAYOUT, hash_weights=False)
+    assert ident.weights == "unpinned: no SSD store"
+
+
 def test_hub_model_is_pinned_by_its_cached_snapshot(model_dir, monkeypatch):
     import huggingface_hub
 
