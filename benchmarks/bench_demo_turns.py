@@ -1,7 +1,6 @@
 """Where each demo turn's time goes, with and without HiState, model step by model step.
 
-Issue 26, item 5: a demo turn that reuses as much with HiState as without must not be
-slower. This replays the demo's session (`examples/agent_demo.py`, its first engine: task,
+A demo turn that reuses as much with HiState as without must not be slower. This replays the demo's session (`examples/agent_demo.py`, its first engine: task,
 tool result, subagent, a flood of other sessions, next step, edit) through
 
   vllm          vLLM alone (the baseline of the ratios, rerun in every round)

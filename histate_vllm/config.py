@@ -52,7 +52,7 @@ class HiStateConfig:
     # True: every SSD entry is fsynced before its manifest publishes it, so a power loss
     # keeps every published entry. False: a process crash still loses nothing published,
     # a power loss may (the next start's checksums catch what it tore); the disk's work
-    # then runs in the kernel's own time (benchmarks/results_load.md, issue 26).
+    # then runs in the kernel's own time (benchmarks/results_load.md).
     ssd_fsync: bool = True
     # An SSD restore not done after this many seconds is abandoned and recomputed.
     ssd_read_timeout_s: float = 60.0

@@ -331,7 +331,7 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         # Deletes (and a reset) first: they were decided before this step's writes.
         # A lone prefill: its decode or the idle gap after it is the quiet time the backups
         # wait for. Beside other requests (a loaded server) no step is quiet, and holding
-        # only makes the writes burstier (bench_load, results_load.md, session 15).
+        # only makes the writes burstier (bench_load, results_load.md).
         lone = len(scheduler_output.num_scheduled_tokens) == 1
         meta.ssd_writes = (self.manager.take_ssd_deletes()
                            + self.manager.take_ssd_writes(prefilling and lone))

@@ -66,7 +66,7 @@ def test_ssd_dir_that_is_a_file(tmp_path):
         HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_dir": str(f), "ssd_bytes": 1})
 
 
-# --- issue 22: the accepted range in the message ---
+# --- the accepted range in the message ---
 
 
 def test_dram_bytes_above_the_machines_memory():

@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ssd-writes", choices=["charged", "free"], default="charged",
                    help="charged (default): SSD writes share the drive with restores through "
                         "the engine's bounded write queue, which drops what does not fit; "
-                        "free: instant and never dropped (before issue 21)")
+                        "free: instant and never dropped (no drive model)")
     s.add_argument("--chunk-ends", choices=["free", "charged"], default="free",
                    help="free (default): a checkpoint's extra prefill chunk end costs nothing "
                         "(a split compute-bound chunk, under the roofline); charged: one more "

@@ -70,7 +70,7 @@ def summarize(ttft: np.ndarray, hit: np.ndarray, input_tokens: np.ndarray,
     return out
 
 
-# Request classes (issue 21), from the workload alone, so every policy is compared on the
+# Request classes, from the workload alone, so every policy is compared on the
 # same requests: what a cache could give a request depends on where its prompt leaves what
 # was sent before it.
 CLASSES = ("append", "internal", "fork", "cold")

@@ -64,7 +64,7 @@ class SimConfig:
     replay: ReplaySettings = field(default_factory=ReplaySettings)
     # SSD writes: "charged" (they share the drive with restores, through a queue of
     # `ssd_queue_bytes` that drops what does not fit, as the engine's StoreWriter) or
-    # "free" (instant, never dropped: the simulator before issue 21).
+    # "free" (instant, never dropped: no drive model).
     ssd_writes: str = "charged"
     ssd_queue_bytes: int | None = DEFAULT_SSD_QUEUE_BYTES  # None: unbounded
     ssd_write_bw: float | None = None  # bytes/s; None: the device's SSD bandwidth

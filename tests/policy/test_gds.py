@@ -183,7 +183,7 @@ def test_demote_before_delete():
 def test_a_terminal_checkpoint_leaves_dram_in_recency_order_with_the_kv():
     """A session's next turn reads its terminal checkpoint with its KV: under DRAM pressure
     the least recently touched copies give way first, KV chunk or terminal checkpoint.
-    Issue 21: ranked below every KV chunk, the terminal checkpoints of sessions idle for
+    Ranked below every KV chunk, the terminal checkpoints of sessions idle for
     seconds went to SSD while KV untouched for minutes stayed in DRAM."""
     core, mgr, clock = build()
     a, b = chain(range(8), salt=b"a"), chain(range(8), salt=b"b")

@@ -111,7 +111,7 @@ def test_fsck_finds_identity_without_identity_file(tmp_path, capsys):
 
 def test_fsck_after_a_stop_mid_write_is_clean(tmp_path):
     """A SIGTERM mid-write leaves temporary files and chunks and states no manifest names
-    yet (issue 22): fsck reports them as leftovers, exit 0; an unknown file is still a
+    yet: fsck reports them as leftovers, exit 0; an unknown file is still a
     problem."""
     store = SSDStore(tmp_path, IDENTITY, budget_bytes=1 << 30)
     store.write_chunk(C_GOOD, make_payload(5000, "g"), provenance="p")

@@ -1,5 +1,5 @@
 """Odd or hostile files in ssd_dir: skipped with a reason, never followed, never read
-unbounded, and fsck finishes with a message and an exit status (issue 22)."""
+unbounded, and fsck finishes with a message and an exit status."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Names read from disk never become paths outside the store (issue 22).
+"""Names read from disk never become paths outside the store.
 
 A writer of ssd_dir forges a manifest (its checksum is not keyed) naming
 `../../victim` as its state file: the store deleted that file when a chunk the
@@ -85,7 +85,7 @@ def test_decode_refuses_other_key_state_file(store):
 
 
 def test_long_request_id_does_not_fail_the_write(store):
-    """A request id over 2 KiB (issue 22) failed every SSD write of that request: it is
+    """A request id over 2 KiB failed every SSD write of that request: it is
     kept as provenance, cut to a readable head and a hash of the whole."""
     from histate_vllm.store.reader import peek_header
 

@@ -1,4 +1,4 @@
-"""The store and the event log are private to the engine's user (issue 22)."""
+"""The store and the event log are private to the engine's user."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_orphans_of_a_killed_run_are_collected_at_start(tmp_path):
     run1.write_chunk(make_key("orphan"), make_payload(100, "o"), provenance="p")
     with open(os.path.join(run1.layout.chunks_dir, ".x.kv.999999.ab.tmp"), "wb") as f:
         f.write(b"partial")
-    # fsck calls them what they are (issue 22): leftovers of a stop, not a broken store.
+    # fsck calls them what they are: leftovers of a stop, not a broken store.
     r = fsck_store(run1.layout.dir, repair=False, grace_s=0)
     assert is_clean(r) and len(r["orphans"]) == 2 and all(o["leftover"] for o in r["orphans"])
     store, lock, index, report = open_engine(tmp_path)

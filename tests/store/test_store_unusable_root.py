@@ -1,5 +1,5 @@
 """An ssd_dir that cannot be used at start-up: StoreUnusable saying why, never a crash in
-the directory lock (issue 22); the engine then serves DRAM-only (tests/vllm_glue)."""
+the directory lock; the engine then serves DRAM-only (tests/vllm_glue)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The SSD shared by restores and writes, with the engine's bounded write queue (issue 21)."""
+"""The SSD shared by restores and writes, with the engine's bounded write queue."""
 
 import pytest
 from _sim_helpers import KVB, MB, SessionBuilder, run, workload

@@ -2,7 +2,7 @@
 
 vLLM reserves one more core per rank for any KV connector; with HiState's that changed the
 worker's OpenMP thread count (2 instead of 1 on a 2-core machine) and with it the decode
-kernels' reduction order: logits a bfloat16 step apart from vLLM alone's (issue 25). The
+kernels' reduction order: logits a bfloat16 step apart from vLLM alone's. The
 engine tests compare the logits; these check the binding itself, in vLLM's own code.
 """
 

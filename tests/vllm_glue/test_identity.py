@@ -153,7 +153,7 @@ def test_unsupported_parallelism_is_refused(model_dir, name):
     check_parallelism(config(model_dir))
 
 
-# --- issue 22: layout, backend, hash seed, --download-dir ---
+# --- layout, backend, hash seed, --download-dir ---
 
 
 def test_kv_cache_layout_changes_the_identity(model_dir):

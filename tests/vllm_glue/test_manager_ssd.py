@@ -129,7 +129,7 @@ def test_dram_bytes_is_the_total_across_ranks():
 
 
 def test_lora_requests_stay_out_of_the_ssd_store(tmp_path, monkeypatch):
-    """Adapter files are not in the store identity (issue 22): a LoRA request's entries
+    """Adapter files are not in the store identity: a LoRA request's entries
     are offered to DRAM only, said once."""
     from types import SimpleNamespace
 
@@ -159,7 +159,7 @@ def test_lora_requests_stay_out_of_the_ssd_store(tmp_path, monkeypatch):
 
 
 def test_ssd_bytes_must_hold_one_entry_of_the_model():
-    """Issue 22: ssd_bytes=1 gave a budget of 0; now the connector refuses it, naming the
+    """ssd_bytes=1 gave a budget of 0; now the connector refuses it, naming the
     least that holds one entry of this model."""
     from histate_vllm.config import ConfigError
     from histate_vllm.vllm_glue.layout import check_ssd_bytes, min_ssd_bytes, ssd_payload_budget

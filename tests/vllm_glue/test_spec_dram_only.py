@@ -1,4 +1,4 @@
-"""An unusable ssd_dir: the spec serves DRAM-only and says why once (issue 22)."""
+"""An unusable ssd_dir: the spec serves DRAM-only and says why once."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ device pools); the disk tier is one LRU pool. Write-through, LRU per pool. State
 end and the junction where a cached prefix ends (given to it as to the vLLM baselines), as
 SGLang 0.5's default `mamba_scheduler_strategy` (no_buffer) keeps them: no state per prefill
 chunk. `sglang-hicache-chunks` also keeps the state of every prefill chunk end (the
-variant the audit of issue 14 found ambiguous; reported side by side).
+variant an audit found ambiguous; reported side by side).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ them: at most `queue_bytes` of payload is held, queued plus being written, and a
 does not fit is rejected, newest first (what is queued is kept); one larger than the whole
 bound is accepted only when nothing is pending. `queue_bytes=None`: no bound (nothing is
 dropped). `charge_writes=False`: writes take no drive time and are never dropped (the
-simulator before issue 21).
+simulator without a drive model).
 
 Completions are collected by `advance` and handed back as (callback, argument) pairs for the
 caller to run once the drive's state is settled (a callback may submit more work).
