@@ -1,4 +1,4 @@
-"""The package's layers, by what each folder may import (README, "What is where").
+"""The package's layers, by what each folder may import (docs/design.md, "What is where").
 
 - policy/ and store/ import neither vllm nor torch, nor anything else of the package;
 - bookkeeping/ (the books the connector and the trace simulator share) imports neither vllm

@@ -1,9 +1,9 @@
-"""The router settings the README gives for a fleet whose engines can die ("When an engine
+"""The router settings docs/fleet.md gives for a fleet whose engines can die ("When an engine
 dies"), checked against vllm-router itself with stub workers (the `router` extra).
 
 A request sent after an engine died but before a health check noticed is retried by the
 router on that same engine; with its default retries (5 within half a second) it fails. The
-README's settings (health checks every second that act on one failure, retries backing off
+docs/fleet.md's settings (health checks every second that act on one failure, retries backing off
 from 300 ms) carry it past the next check, onto the other engine. The engine-level failover
 (a session continuing on the other engine, the dead one's store intact) is
 tests/engine/test_router_fleet.py."""

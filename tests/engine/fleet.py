@@ -17,7 +17,7 @@ from trace_replay.server import free_port, local_server, metric_sum, metrics, se
 STARTUP_TIMEOUT = 300.0  # two engines share 2 cores here
 
 
-# The router settings README.md gives for a fleet whose engines can die ("When an engine
+# The router settings docs/fleet.md gives for a fleet whose engines can die ("When an engine
 # dies"): checks every second acting on one failure, and retries backing off from 300 ms
 # (~2.5 s in all, past the next check) so a request sent as an engine dies reaches another.
 FAILOVER_ARGS = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",

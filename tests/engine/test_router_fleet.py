@@ -151,7 +151,7 @@ def test_kv_aware_cannot_credit_a_hybrid_engine(fleet):
     session, though that engine restores every later turn: vLLM's own GPU events of the
     hybrid model's state groups (a chunk's tokens, no block hash) make vllm-router 0.1.17
     drop whole event batches (tests/test_router_events.py shows the mechanism). The router
-    then routes by load alone; consistent_hash is the setup to use (README)."""
+    then routes by load alone; consistent_hash is the setup to use (docs/fleet.md)."""
     args = ["--kv-event-model", MODEL, "--kv-event-block-size", str(fleet["block"]),
             "--log-level", "debug"]
     for url, ep in zip(fleet["urls"], fleet["endpoints"]):
@@ -191,7 +191,7 @@ def test_failover_continues_on_the_other_engine_and_keeps_the_store(fleet):
     import sys
 
     block, work = fleet["block"], fleet["work"]
-    # The README's settings: without them the first turn after the stop got a 500 whenever
+    # docs/fleet.md's settings: without them the first turn after the stop got a 500 whenever
     # no health check ran before the router's default retries ended (a slow machine; see
     # tests/test_router_failover.py).
     args = FAILOVER_ARGS
