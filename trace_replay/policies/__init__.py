@@ -6,18 +6,21 @@ from .base import PolicyContext, SimPolicy
 from .histate import AlignAblation, Fixed32Ablation, HiState, LruDiskAblation, MirrorAblation
 from .sglang import SglangHiCache, SglangHiCacheChunks
 from .unlimited import Unlimited
+from .vllm import NATIVE as _NATIVE
 from .vllm import VllmCpu, VllmDisk, VllmDiskAlign, VllmMarconi
 
 _CLASSES: dict[str, type[SimPolicy]] = {
     c.name: c
     for c in (HiState, VllmMarconi, VllmCpu, VllmDisk, SglangHiCache, Unlimited,
               AlignAblation, Fixed32Ablation, LruDiskAblation, MirrorAblation,
-              VllmDiskAlign, SglangHiCacheChunks)
+              VllmDiskAlign, SglangHiCacheChunks, *_NATIVE)
 }
 POLICIES = tuple(_CLASSES)
 BASELINES = ("vllm-marconi", "vllm-cpu", "vllm-disk", "sglang-hicache")
 VARIANTS = ("vllm-disk-align", "sglang-hicache-chunks")  # ambiguous baselines, side by side
 ABLATIONS = ("align", "fixed-32", "lru-disk", "histate-mirror")
+# vLLM 0.34's own hybrid offloading, swept over eviction and retention interval.
+NATIVE = tuple(c.name for c in _NATIVE)
 
 
 def make(name: str, ctx: PolicyContext) -> SimPolicy:
@@ -28,4 +31,4 @@ def make(name: str, ctx: PolicyContext) -> SimPolicy:
     return cls(ctx)
 
 
-__all__ = ["ABLATIONS", "BASELINES", "VARIANTS", "POLICIES", "PolicyContext", "SimPolicy", "make"]
+__all__ = ["ABLATIONS", "BASELINES", "NATIVE", "VARIANTS", "POLICIES", "PolicyContext", "SimPolicy", "make"]

@@ -5,7 +5,9 @@ All positions are block-aligned, lie in (resume, prompt_end] and are sorted:
   block boundary before the prompt's last token (which vLLM never serves from cache);
 * junction: where the request's cached KV prefix ends beyond its restorable state (vLLM's
   shared-prefix junction, Marconi's branch point): the prefill passes it, so keep its state;
-* chunk ends: every prefill chunk end (vLLM align with dense retention, SGLang per chunk).
+* chunk ends: every prefill chunk end (vLLM align with dense retention, SGLang per chunk);
+* periodic: every `interval` tokens from the prompt's start (vLLM 0.34's
+  `prefix_cache_retention_interval` > 0).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ def turn_boundaries(resume: int, shared: int, prompt_end: int, block: int) -> li
 def chunk_ends(resume: int, prompt_end: int, chunk: int, block: int) -> list[int]:
     step = max(block, chunk // block * block)
     return list(range(resume + step, prompt_end, step))
+
+
+def periodic(resume: int, prompt_end: int, interval: int, block: int) -> list[int]:
+    step = max(block, interval // block * block)
+    return list(range((resume // step + 1) * step, prompt_end, step))
 
 
 def merge(*lists: list[int]) -> list[int]:

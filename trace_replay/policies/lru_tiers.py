@@ -16,11 +16,12 @@ sglang-hicache; only the options differ):
 
 from __future__ import annotations
 
+from ..sim.arc import ArcStore
 from ..sim.gpu import GpuPrefixCache
 from ..sim.job import Job
 from ..sim.lru import LruStore
 from .base import PolicyContext, SimPolicy
-from .checkpoints import chunk_ends, merge, turn_boundaries
+from .checkpoints import chunk_ends, merge, periodic, turn_boundaries
 
 
 def _noop(_) -> None:
@@ -30,12 +31,12 @@ def _noop(_) -> None:
 class _Tier:
     """One offload tier, optionally split into a KV and a state partition."""
 
-    def __init__(self, capacity: int, state_share: float | None):
+    def __init__(self, capacity: int, state_share: float | None, store=LruStore):
         if state_share is None:
-            self.kv = self.st = LruStore(capacity)
+            self.kv = self.st = store(capacity)
         else:
             st = int(capacity * state_share)
-            self.kv, self.st = LruStore(capacity - st), LruStore(st)
+            self.kv, self.st = store(capacity - st), store(st)
 
     def store(self, key: int) -> LruStore:
         return self.st if key < 0 else self.kv
@@ -51,19 +52,24 @@ class _Tier:
 class TieredLru(SimPolicy):
     def __init__(self, ctx: PolicyContext, *, dram: bool, ssd: bool,
                  gpu_state_share: float | None = None, dram_state_share: float | None = None,
-                 chunk_states: bool = False):
+                 chunk_states: bool = False, eviction: str = "lru",
+                 retention_tokens: int = 0):
+        """eviction: "lru" or "arc" in the offload tiers; retention_tokens: a checkpoint
+        every that many tokens besides the prompt end and junctions (0: none)."""
         super().__init__(ctx)
+        store = {"lru": LruStore, "arc": ArcStore}[eviction]
         self.kvb, self.sb = ctx.kv_block_bytes, ctx.state_bytes
         self.gpu = GpuPrefixCache(ctx.gpu_bytes, self.kvb, self.sb, gpu_state_share)
         self.tiers: list[_Tier] = []
         self.names: list[str] = []
         if dram:
-            self.tiers.append(_Tier(ctx.dram_bytes, dram_state_share))
+            self.tiers.append(_Tier(ctx.dram_bytes, dram_state_share, store))
             self.names.append("dram")
         if ssd:
-            self.tiers.append(_Tier(ctx.ssd_bytes, None))
+            self.tiers.append(_Tier(ctx.ssd_bytes, None, store))
             self.names.append("ssd")
         self.chunk_states = chunk_states
+        self.retention_tokens = retention_tokens
 
     def _where(self, key: int) -> int:
         """Index of the fastest tier holding `key`, -1 if none."""
@@ -100,6 +106,8 @@ class TieredLru(SimPolicy):
         pos = turn_boundaries(job.resume, job.shared, job.prompt_end, B)
         if self.chunk_states:
             pos = merge(pos, chunk_ends(job.resume, job.prompt_end, self.ctx.chunk_tokens, B))
+        if self.retention_tokens:
+            pos = merge(pos, periodic(job.resume, job.prompt_end, self.retention_tokens, B))
         job.captures = pos
         held = list(hl[:g])
         if g:
