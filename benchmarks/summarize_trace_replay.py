@@ -19,7 +19,10 @@ import numpy as np
 BASELINES = ("vllm-marconi", "vllm-cpu", "vllm-disk", "sglang-hicache")
 VARIANTS = ("vllm-disk-align", "sglang-hicache-chunks")
 ABLATIONS = ("histate-mirror", "align", "fixed-32", "lru-disk")
-ORDER = ("histate", *BASELINES, *VARIANTS, "unlimited", *ABLATIONS)
+# vLLM 0.34's own hybrid offloading, swept (trace_replay/policies/vllm.py).
+NATIVE = tuple(f"vllm034-{e}{f'-r{r}' if r else ''}" for r in (0, 4, 8, 16, 32, 64)
+               for e in ("lru", "arc"))
+ORDER = ("histate", *BASELINES, *VARIANTS, "unlimited", *ABLATIONS, *NATIVE)
 
 
 def load(d: Path, pattern: str) -> dict[str, dict]:
@@ -121,6 +124,27 @@ def pooled(reps: dict[str, dict]) -> str:
         rows.append(f"| {n} | {len(t[n])} | {p50:.3f} | {p95:.3f} | {p99:.3f} | "
                     f"{t[n].mean():.3f} | {h99 / p99:.3f} | "
                     f"{'-' if n == 'histate' else f'{lo:.3f}-{hi:.3f}'} |")
+    return "\n".join(rows)
+
+
+def native_best(reps: dict[str, dict]) -> str:
+    """vLLM 0.34's native offloading at each setting, pooled over the seeds, its best
+    setting (lowest pooled mean) as its own row, beside HiState and Unlimited."""
+    names = sorted(reps, key=seed_of)
+    per = [reps[k].get("per_request", {}).get("ttft", {}) for k in names]
+    pols = [n for n in NATIVE if per and all(n in p for p in per)]
+    if not pols or not all("histate" in p and "unlimited" in p for p in per):
+        return "(no native runs in these reports)"
+    t = {n: np.concatenate([np.asarray(p[n], dtype=float) for p in per])
+         for n in (*pols, "histate", "unlimited")}
+    best = min(pols, key=lambda n: t[n].mean())
+    ref = t["unlimited"].mean()
+    rows = ["| policy | mean s | p95 s | p99 s | mean vs Unlimited |", "|---|---|---|---|---|"]
+    for n in (*pols, f"best: {best}", "histate", "unlimited"):
+        a = t[n.removeprefix("best: ")]
+        p95, p99 = np.percentile(a, [95, 99])
+        rows.append(f"| {n} | {a.mean():.4f} | {p95:.3f} | {p99:.3f} | "
+                    f"{a.mean() / ref - 1:+.1%} |")
     return "\n".join(rows)
 
 
@@ -286,6 +310,7 @@ def main() -> None:
         print(f"Target check (p99 at or below every baseline and variant):\n\n{target(reps)}\n")
         print(f"The same check for every policy:\n\n{target_by_policy(reps)}\n")
         print(f"All seeds pooled:\n\n{pooled(reps)}\n")
+        print(f"vLLM 0.34's native offloading, swept, pooled:\n\n{native_best(reps)}\n")
         print(f"Hierarchy and restarts:\n\n{hierarchy(reps)}\n")
         print(f"Bytes and request classes per run:\n\n{bytes_and_classes(reps)}\n")
         print(f"Request classes, all seeds pooled:\n\n{classes_pooled(reps)}\n")

@@ -61,4 +61,4 @@ def test_retention_interval_lets_an_edit_resume_inside_the_old_prompt():
     i = rid(prep, "A", 1)
     assert r0.hit[i] == 0
     assert r16.hit[i] == 2000 // (16 * BS) * 16 * BS
-    assert "vllm034-arc-r16" in NATIVE and len(NATIVE) == 6
+    assert "vllm034-arc-r16" in NATIVE and len(NATIVE) == 12

@@ -7,7 +7,7 @@
 * vllm-disk: + write-through LRU offload to DRAM and to disk (LRU per tier).
 * vllm-disk-align: vllm-disk keeping, as align mode can, the state at every prefill chunk
   end as well (the ambiguous variant; reported side by side).
-* vllm034-{lru,arc}[-r{N}]: vLLM 0.34's own hybrid offloading as a user configures it: every
+* vllm034-{lru,arc}[-r{N}] (N: 4 to 64 blocks): vLLM 0.34's own hybrid offloading as a user configures it: every
   group, Mamba included, written through to a CPU tier and on to a file tier, evicted by
   `lru` or `arc`; a checkpoint at each prompt end and junction (its offload lookup pins
   one too), plus one every N blocks with `prefix_cache_retention_interval` = N blocks (0,
@@ -51,7 +51,7 @@ class VllmDiskAlign(TieredLru):
 
 
 # prefix_cache_retention_interval, in blocks, swept by the native baseline (0: vLLM's default).
-RETENTION_BLOCKS = (0, 16, 64)
+RETENTION_BLOCKS = (0, 4, 8, 16, 32, 64)
 
 
 def _native(eviction: str, blocks: int) -> type[TieredLru]:
