@@ -120,7 +120,6 @@ class Engine:
                               dtype=torch.int8)
             for name in names:
                 self.tensors[name] = buf
-        self.page_bytes = self.kv_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes
         self.worker.register_kv_caches(self.tensors)
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(block_size, sha256)
@@ -170,11 +169,10 @@ class Engine:
         raise AssertionError("transfers did not settle")
 
     def _busy(self) -> bool:
-        side = self.connector.connector_scheduler
-        worker = self.worker.connector_worker.worker
-        return bool(side._jobs) or not worker.ssd_settled() or bool(
-            self.scheduler.connector.has_pending_push_work()
-            if hasattr(self.scheduler.connector, "has_pending_push_work") else False)
+        """A transfer job in flight, or SSD work vLLM keeps stepping the engine for."""
+        return (bool(self.connector.connector_scheduler._jobs)
+                or self.connector.has_pending_push_work()
+                or not self.worker.connector_worker.worker.ssd_settled())
 
     # --- one engine step ---
 
