@@ -16,12 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # run from a checkout: nothing installed
+
+# vLLM 0.34's own hybrid offloading, every swept setting, named where the simulator defines it.
+from trace_replay.policies import NATIVE  # noqa: E402
+
 BASELINES = ("vllm-marconi", "vllm-cpu", "vllm-disk", "sglang-hicache")
 VARIANTS = ("vllm-disk-align", "sglang-hicache-chunks")
 ABLATIONS = ("histate-mirror", "align", "fixed-32", "lru-disk")
-# vLLM 0.34's own hybrid offloading, swept (trace_replay/policies/vllm.py).
-NATIVE = tuple(f"vllm034-{e}{f'-r{r}' if r else ''}" for r in (0, 4, 8, 16, 32, 64)
-               for e in ("lru", "arc"))
 ORDER = ("histate", *BASELINES, *VARIANTS, "unlimited", *ABLATIONS, *NATIVE)
 
 

@@ -55,7 +55,6 @@ for line in requires("vllm") or ():
         print(f"{req.name}{req.specifier}")
 PY
 )
-# shellcheck disable=SC2086  # one requirement per line
 mapfile -t reqlist <<<"$reqs"
 $pip install "${reqlist[@]}" loguru uvloop >>"$log" 2>&1 || fail "vLLM's requirements"
 $pip install --no-deps -e . >>"$log" 2>&1 || fail "histate-vllm"

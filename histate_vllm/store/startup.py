@@ -23,6 +23,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from histate_vllm.store.errors import StoreUnusable
 from histate_vllm.store.format import StoreIdentity
 from histate_vllm.store.gc import _removable, _unlink_if_same
@@ -33,7 +35,7 @@ from histate_vllm.store.reset import (
     remove_reset_generations,
     wipe,
 )
-from histate_vllm.store.scan import StoreIndex
+from histate_vllm.store.scan import StoreIndex, read_identity
 from histate_vllm.store.store import SSDStore
 from histate_vllm.store.trust import open_root
 
@@ -105,10 +107,6 @@ def other_identities(root: str, identity: StoreIdentity,
     """Directories under `root` holding another identity of this model and rank, each with
     the identity fields that differ (what a log line tells an operator whose restores
     stopped: new weights, another dtype, another vLLM...)."""
-    import msgspec
-
-    from histate_vllm.store.scan import read_identity
-
     found = []
     try:
         dirs = sorted(e.path for e in os.scandir(root) if e.is_dir() and e.path != own_dir)

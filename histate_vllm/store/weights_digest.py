@@ -71,10 +71,11 @@ def files_digest(files: list[Path], cache_dir: str | None) -> tuple[str, DigestR
     try:
         cache = _load(cache_dir) if lock_fd is not None else {}
         stats = [f.stat() for f in files]  # follows symlinks (hub snapshots)
+        names = [str(f.resolve()) for f in files]  # cache keys: the files' real paths
         digests: dict[int, str] = {}
         todo = []
-        for i, (f, st) in enumerate(zip(files, stats)):
-            entry = cache.get(str(f.resolve()))
+        for i, st in enumerate(stats):
+            entry = cache.get(names[i])
             if isinstance(entry, dict) and entry.get("stat") == _stat_key(st):
                 digests[i] = entry["digest"]
                 report.bytes_cached += st.st_size
@@ -90,8 +91,7 @@ def files_digest(files: list[Path], cache_dir: str | None) -> tuple[str, DigestR
                 # Re-stat: a file rewritten while it was read gets no cache entry.
                 if (_stat_key(files[i].stat()) == _stat_key(stats[i])
                         and now - stats[i].st_ctime >= RACY_S):
-                    cache[str(files[i].resolve())] = {"stat": _stat_key(stats[i]),
-                                                     "digest": digests[i]}
+                    cache[names[i]] = {"stat": _stat_key(stats[i]), "digest": digests[i]}
             if lock_fd is not None:
                 _save(cache_dir, cache)
     finally:

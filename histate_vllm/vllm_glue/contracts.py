@@ -5,7 +5,7 @@ Supported: vLLM 0.32, 0.33 and 0.34 (`SUPPORTED`). What changed, and where HiSta
 | contract | 0.32 | 0.33 | 0.34 | handled in |
 | --- | --- | --- | --- | --- |
 | `KVCacheManager.get_computed_blocks(_for_connector)` | `(request)` | `(request, max_cache_hit_length)` | same as 0.33 | `connector.bind_local_lookup` passes the bound on |
-| worker copies receive | `GPULoadStoreSpec` | `GPULoadStoreSpec`, `submit_load(..., expedited)` | `DevicePointers`, `expedited` | `device_blocks` (worker) |
+| worker copies receive | `GPULoadStoreSpec` | `GPULoadStoreSpec`, `submit_load(..., expedited)` | `DevicePointers`, `expedited` | `HiStateWorker._parts` (`datapath.pages.blocks_from_pointers`) |
 | failed transfer jobs | `failed_recving` only | same as 0.32 | also `OffloadingWorkerMetadata.failed_jobs`, `mark_completed(job, success)` | `mark_completed` |
 | stats payload | counters, gauges, histograms | adds `set_info(...)`; `OffloadPromMetrics` reads `_info_keys` | same as 0.33 | `prom_metrics.HiStatePromMetrics`, `STATS_INFO` |
 | offload lookup sets `request.shared_prefix_boundary` | no | no | yes, on a hit a recurrent group cut | `OFFLOAD_JUNCTION`; the connector keeps it as the first chunk end |
@@ -19,7 +19,6 @@ scheduler and the worker's copy contract of 0.32, 0.33 and 0.34 on a CPU.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
@@ -31,15 +30,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
-from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.kv_offload import base as _offload_base
 
 SUPPORTED = ((0, 32), (0, 34))  # first and last minor version tested, both included
 VLLM_VERSION = vllm.__version__
 
-# get_computed_blocks_for_connector(request, max_cache_hit_length) (0.33+).
-LOOKUP_BOUND = "max_cache_hit_length" in inspect.signature(
-    KVCacheManager.get_computed_blocks).parameters
 # Worker copies get DevicePointers (0.34+): pointers resolved from the GPU spec.
 DevicePointers = getattr(_offload_base, "DevicePointers", None)
 # Failed jobs travel in the worker metadata (0.34+), beside failed_recving.

@@ -73,6 +73,23 @@ def vllm_config(model: str, extra: dict, *, block_size: int, num_blocks: int,
     return config
 
 
+def allocations(aliased: bool) -> list[list[str]]:
+    """Layers by the allocation they share (vLLM overlays a hybrid model's groups)."""
+    if aliased:
+        return [[ATTN, STATES[0]], [STATES[1]], [STATES[2]]]
+    return [[name] for name in (ATTN, *STATES)]
+
+
+def layer_tensors(kv_config: KVCacheConfig, aliased: bool) -> dict[str, torch.Tensor]:
+    """Each layer's [num_blocks, page] int8 cache, zeroed; aliased layers share one."""
+    out = {}
+    for names in allocations(aliased):
+        buf = torch.zeros(kv_config.num_blocks, kv_config.kv_cache_tensors[0].block_stride,
+                          dtype=torch.int8)
+        out.update(dict.fromkeys(names, buf))
+    return out
+
+
 def kv_cache_config(block_size: int, num_blocks: int, *, aliased: bool) -> KVCacheConfig:
     """A hybrid model's two groups as vLLM builds them: one attention layer and three
     recurrent layers whose state pages are padded to the attention page. `aliased`: the
@@ -84,13 +101,8 @@ def kv_cache_config(block_size: int, num_blocks: int, *, aliased: bool) -> KVCac
                       dtypes=(torch.bfloat16, torch.float32),
                       page_size_padded=attn.page_size_bytes, mamba_cache_mode="align")
     pg = attn.page_size_bytes
-    # Aliased layers share one allocation (as vLLM overlays a hybrid model's groups).
-    allocations = ([[ATTN, STATES[0]], [STATES[1]], [STATES[2]]] if aliased
-                   else [[name] for name in (ATTN, *STATES)])
-    tensors = [KVCacheTensor(size=pg * num_blocks, layers=[names[0]], layer_stride=pg * num_blocks,
-                             block_stride=pg) for names in allocations]
-    tensors += [KVCacheTensor(size=pg * num_blocks, layers=[name], layer_stride=pg * num_blocks,
-                              block_stride=pg) for names in allocations for name in names[1:]]
+    tensors = [KVCacheTensor(size=pg * num_blocks, layers=[name], layer_stride=pg * num_blocks,
+                             block_stride=pg) for names in allocations(aliased) for name in names]
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
                          kv_cache_groups=[KVCacheGroupSpec([ATTN], attn),
                                           KVCacheGroupSpec(list(STATES), state)])
@@ -113,13 +125,7 @@ class Engine:
         self.connector = self.scheduler.connector
         assert isinstance(self.connector, HiStateConnector)
         self.worker = HiStateConnector(self.config, KVConnectorRole.WORKER, self.kv_config)
-        self.tensors = {}
-        for names in ([[ATTN, STATES[0]], [STATES[1]], [STATES[2]]] if aliased
-                      else [[name] for name in (ATTN, *STATES)]):
-            buf = torch.zeros(num_blocks, self.kv_config.kv_cache_tensors[0].block_stride,
-                              dtype=torch.int8)
-            for name in names:
-                self.tensors[name] = buf
+        self.tensors = layer_tensors(self.kv_config, aliased)
         self.worker.register_kv_caches(self.tensors)
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(block_size, sha256)
@@ -207,16 +213,11 @@ class Engine:
 
     def _connector_output(self, out) -> KVConnectorOutput:
         w = self.worker
-        if hasattr(w, "get_transfer_results"):
-            res = w.get_transfer_results(out.finished_req_ids)
-            sending, recving, failed = (res.finished_sending, res.finished_recving,
-                                        res.failed_recving)
-        else:
-            sending, recving = w.get_finished(out.finished_req_ids)
-            failed = w.connector_worker.take_failed_recving()
+        res = w.get_transfer_results(out.finished_req_ids)
         return KVConnectorOutput(
-            finished_sending=sending or None, finished_recving=recving or None,
-            failed_recving=set(failed or ()),
+            finished_sending=res.finished_sending or None,
+            finished_recving=res.finished_recving or None,
+            failed_recving=set(res.failed_recving or ()),
             kv_connector_stats=w.get_kv_connector_stats(),
             kv_cache_events=w.get_kv_connector_kv_cache_events(),
             kv_connector_worker_meta=w.build_connector_worker_meta(),
@@ -281,10 +282,6 @@ class Engine:
         return self.scheduler.kv_cache_manager.get_block_ids(req_id)
 
     # --- what the scheduler side knows ---
-
-    @property
-    def hisched(self):
-        return self.connector.connector_scheduler
 
     @property
     def hiworker(self):

@@ -19,7 +19,7 @@ from histate_vllm.connector import HiStateConnector
 from histate_vllm.datapath.pages import LayoutError
 from histate_vllm.vllm_glue import contracts
 from histate_vllm.vllm_glue.transfer_specs import HiStateLoadSpec, HiStateStoreSpec
-from tests.contracts.harness import ATTN, STATES, kv_cache_config, vllm_config
+from tests.contracts.harness import ATTN, kv_cache_config, layer_tensors, vllm_config
 
 BLOCKS = 16
 # (attention blocks, state blocks) of one job: unsorted, both groups, one group empty.
@@ -32,13 +32,9 @@ def worker(request, tiny_model):
     config = vllm_config(tiny_model, {"dram_bytes": 1 << 24}, block_size=256,
                          num_blocks=BLOCKS, step_tokens=1024)
     kv_config = kv_cache_config(256, BLOCKS, aliased=aliased)
-    page = kv_config.kv_cache_tensors[0].block_stride
-    tensors = {}
-    for names in ([[ATTN, STATES[0]], [STATES[1]], [STATES[2]]] if aliased
-                  else [[n] for n in (ATTN, *STATES)]):
-        buf = torch.randint(-128, 128, (BLOCKS, page), dtype=torch.int8)
-        for name in names:
-            tensors[name] = buf
+    tensors = layer_tensors(kv_config, aliased)
+    for t in tensors.values():
+        t.random_(-128, 128)
     connector = HiStateConnector(config, KVConnectorRole.WORKER, kv_config)
     connector.register_kv_caches(tensors)
     yield connector, tensors, kv_config
