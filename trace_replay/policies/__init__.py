@@ -5,13 +5,13 @@ from __future__ import annotations
 from .base import PolicyContext, SimPolicy
 from .histate import AlignAblation, Fixed32Ablation, HiState, LruDiskAblation, MirrorAblation
 from .sglang import SglangHiCache, SglangHiCacheChunks
-from .unlimited import Unlimited
+from .unlimited import Unlimited, UnlimitedHost
 from .vllm import NATIVE as _NATIVE
 from .vllm import VllmCpu, VllmDisk, VllmDiskAlign, VllmMarconi
 
 _CLASSES: dict[str, type[SimPolicy]] = {
     c.name: c
-    for c in (HiState, VllmMarconi, VllmCpu, VllmDisk, SglangHiCache, Unlimited,
+    for c in (HiState, VllmMarconi, VllmCpu, VllmDisk, SglangHiCache, Unlimited, UnlimitedHost,
               AlignAblation, Fixed32Ablation, LruDiskAblation, MirrorAblation,
               VllmDiskAlign, SglangHiCacheChunks, *_NATIVE)
 }

@@ -3,6 +3,7 @@ every block boundary, forever, and restores for free. Its hits are the reusable 
 
 from __future__ import annotations
 
+from ..sim.gpu import GpuPrefixCache
 from ..sim.job import Job
 from .base import PolicyContext, SimPolicy
 
@@ -29,3 +30,60 @@ class Unlimited(SimPolicy):
 
     def prefilled(self, job: Job) -> None:
         self.seen.update(job.blocks)
+
+
+class UnlimitedHost(SimPolicy):
+    """The limit of any offloading cache on this machine: every computed prefix keeps its KV
+    and a state at every block boundary in host memory, forever; the GPU prefix cache is the
+    same as every other system's, and what it misses is copied over the host-to-device link
+    (no SSD, nothing evicted, nothing written). Unlimited minus the copy: how much of a
+    cache's distance to Unlimited any tiered cache pays."""
+
+    name = "unlimited-host"
+
+    def __init__(self, ctx: PolicyContext):
+        super().__init__(ctx)
+        self.seen: set[int] = set()
+        self.kvb, self.sb = ctx.kv_block_bytes, ctx.state_bytes
+        self.gpu = GpuPrefixCache(ctx.gpu_bytes, self.kvb, self.sb)
+
+    def lookup(self, job: Job) -> None:
+        hl, seen = job.blocks, self.seen
+        lo, hi = 0, job.max_blocks
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hl[mid - 1] in seen:
+                lo = mid
+            else:
+                hi = mid - 1
+        g, k = self.gpu.hit(hl, job.max_blocks)
+        job.gpu_hit = g * self.B
+        job.shared = max(lo, k) * self.B
+        if lo > g:  # the KV of blocks [g, lo) and the state at lo, from host memory
+            job.dram_bytes = (lo - g) * self.kvb + self.sb
+            job.resume = lo * self.B
+        else:
+            job.resume = g * self.B
+        held = list(hl[:g])
+        if g:
+            held.append(~hl[g - 1])
+        self.gpu.acquire(held)
+        job.state = held
+
+    def prefilled(self, job: Job) -> None:
+        # On the GPU, as every system's vLLM leaves it: the prompt's KV, a state at its end
+        # and where it resumed.
+        B, hl = self.B, job.blocks
+        states = {job.prompt_end, job.resume}
+        keys: list[int] = []
+        for i, h in enumerate(hl):
+            keys.append(h)
+            if (i + 1) * B in states:
+                keys.append(~h)
+        self.gpu.acquire(keys)
+        self.gpu.release(job.state)
+        job.state = keys
+        self.seen.update(hl)
+
+    def finished(self, job: Job) -> None:
+        self.gpu.release(reversed(job.state))
