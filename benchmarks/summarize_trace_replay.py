@@ -1,9 +1,15 @@
 """Markdown tables for benchmarks/results_trace_replay.md from `simulate --json` reports.
 
     python benchmarks/summarize_trace_replay.py RESULTS_DIR > tables.md
+    python benchmarks/summarize_trace_replay.py --into benchmarks/results_trace_replay.md \
+        weka=OUT/weka weka-more=OUT/weka-more
 
-RESULTS_DIR holds weka-paper-sS.json, weka-shared4-sS.json, weka-raw-sS.json,
-mut-pP-sS.json and tl-sS.json (benchmarks/trace_replay_all.sh writes them).
+A RESULTS_DIR holds weka-paper-sS.json, weka-shared4-sS.json, weka-raw-sS.json and, with
+the synthetic workloads, mut-pP-sS.json and tl-sS.json (benchmarks/trace_replay_all.sh
+writes them). `--into` rewrites the file's generated blocks, each between
+`<!-- generated: NAME -->` and `<!-- /generated -->`: `headline` (every folder),
+`NAME` (one folder's tables) and `synthetic` (from the first folder that has them); the
+prose around them is the file's own.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout: nothing installed
 
 # vLLM 0.34's own hybrid offloading, every swept setting, named where the simulator defines it.
+from results_blocks import write_into  # noqa: E402  (beside this script)
 from trace_replay.policies import NATIVE  # noqa: E402
 
 BASELINES = ("vllm-marconi", "vllm-cpu", "vllm-disk", "sglang-hicache")
 VARIANTS = ("vllm-disk-align", "sglang-hicache-chunks")
 ABLATIONS = ("histate-mirror", "align", "fixed-32", "lru-disk")
-ORDER = ("histate", *BASELINES, *VARIANTS, "unlimited", *ABLATIONS, *NATIVE)
+ORDER = ("histate", *BASELINES, *VARIANTS, "unlimited", "unlimited-host", *ABLATIONS, *NATIVE)
 
 
 def load(d: Path, pattern: str) -> dict[str, dict]:
@@ -224,7 +231,7 @@ def bytes_and_classes(reps: dict[str, dict]) -> str:
 def classes_pooled(reps: dict[str, dict]) -> str:
     """Mean TTFT by request class over every seed's requests, every policy."""
     names = sorted(reps, key=seed_of)
-    pols = [n for n in ORDER if all(n in reps[k] for k in names)]
+    pols = [n for n in ORDER if all(n in reps[k] for k in names) and n not in NATIVE]
     rows = ["| policy | mean s | append s | internal s | fork s | cold s | SSD GB read per run "
             "| SSD GB written per run |", "|---|---|---|---|---|---|---|---|"]
     tot = {c: sum(reps[k]["histate"].get("classes", {}).get(c, {}).get("count", 0)
@@ -300,32 +307,184 @@ def mutation(d: Path) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
-    d = Path(sys.argv[1])
-    titles = {"paper": "paper-like replay", "shared4": "paper-like replay, 4 prefills at once",
-              "raw": "raw replay"}
-    for kind, title in titles.items():
+REPLAYS = {"paper": "paper-like replay", "shared4": "paper-like replay, 4 prefills at once",
+           "raw": "raw replay"}
+# The rows of the comparison tables: HiState's ablations, then what a user would pick instead.
+RIVALS = (*ABLATIONS, "native best", *BASELINES, *VARIANTS, "unlimited-host", "unlimited")
+
+
+def _runs(reps: dict[str, dict]) -> tuple[list[str], dict[str, list[np.ndarray]], dict]:
+    """(run names by seed, per-request TTFT arrays per policy per run, recovery per policy
+    per run), with "native best" = the native setting of lowest pooled mean."""
+    names = sorted(reps, key=seed_of)
+    per = [reps[k]["per_request"]["ttft"] for k in names]
+    pols = [n for n in ORDER if all(n in p for p in per)]
+    arrs = {n: [np.asarray(p[n], dtype=float) for p in per] for n in pols}
+    rec = {n: [reps[k][n].get("recovery") for k in names] for n in pols}
+    native = [n for n in NATIVE if n in arrs]
+    if native:
+        best = min(native, key=lambda n: np.concatenate(arrs[n]).mean())
+        arrs["native best"], rec["native best"] = arrs[best], rec[best]
+        rec["native best name"] = best
+    return names, arrs, rec
+
+
+def _stats(a: np.ndarray) -> tuple[float, float, float]:
+    p95, p99 = np.percentile(a, [95, 99])
+    return float(a.mean()), float(p95), float(p99)
+
+
+def _mean_interval(h: list[np.ndarray], o: list[np.ndarray], rounds: int = 2000
+                   ) -> tuple[float, float]:
+    """95% interval of HiState's pooled mean over another's, admission orders resampled
+    (paired: the same orders for both)."""
+    k = len(h)
+    if k < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(0)
+    hs = np.array([x.sum() for x in h])
+    os_ = np.array([x.sum() for x in o])
+    picks = rng.integers(0, k, size=(rounds, k))
+    r = hs[picks].sum(1) / os_[picks].sum(1)
+    lo, hi = np.percentile(r, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def comparison(reps: dict[str, dict]) -> str:
+    """Pooled over every order, each rival beside HiState, and per order how often HiState's
+    mean, p95 and p99 are at or below the rival's."""
+    names, arrs, rec = _runs(reps)
+    k = len(names)
+    ref = np.concatenate(arrs["unlimited"]).mean()
+    h = arrs["histate"]
+    hm = [_stats(x) for x in h]
+    rows = ["| policy | mean s | p95 s | p99 s | recovery | mean vs Unlimited | HiState mean / "
+            "it (95% interval) | orders HiState <= it: mean, p95, p99 | mean per order |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for n in ("histate", *RIVALS):
+        if n not in arrs:
+            continue
+        a = arrs[n]
+        mean, p95, p99 = _stats(np.concatenate(a))
+        r = [x for x in rec[n] if x is not None and not math.isnan(x)]
+        label = f"native best ({rec['native best name']})" if n == "native best" else n
+        per = " / ".join(f"{x.mean():.4f}" for x in a)
+        if n == "histate":
+            cmp_, ok = "-", "-"
+        else:
+            lo, hi = _mean_interval(h, a)
+            ratio = np.concatenate(h).sum() / np.concatenate(a).sum()
+            cmp_ = f"{ratio:.3f} ({lo:.3f}-{hi:.3f})"
+            om = [_stats(x) for x in a]
+            ok = ", ".join(f"{sum(hm[i][j] <= om[i][j] for i in range(k))}/{k}"
+                           for j in range(3))
+        rows.append(f"| {label} | {mean:.4f} | {p95:.3f} | {p99:.2f} | "
+                    f"{fmt(sum(r) / len(r) if r else None, '.1%')} | {mean / ref - 1:+.1%} | "
+                    f"{cmp_} | {ok} | {per} |")
+    return "\n".join(rows)
+
+
+def headline(dirs: dict[str, Path]) -> str:
+    """Per folder and replay: HiState, its best ablation, the best native setting and the
+    best baseline, pooled means against Unlimited's."""
+    rows = ["| traces | replay | requests | HiState vs Unlimited | Unlimited-host (any "
+            "offloading cache's limit) | best ablation | best native (vLLM 0.34) | best other "
+            "baseline | HiState / best native, mean (95% interval) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for label, d in dirs.items():
+        for kind, title in REPLAYS.items():
+            reps = load(d, f"weka-{kind}-s*.json")
+            if not reps:
+                continue
+            names, arrs, rec = _runs(reps)
+            m = {n: np.concatenate(a).mean() for n, a in arrs.items()}
+            ref = m["unlimited"]
+
+            def best(group):
+                got = [n for n in group if n in m]
+                if not got:
+                    return "-"
+                b = min(got, key=m.get)
+                return f"{b} {m[b] / ref - 1:+.1%}"
+            nat = rec.get("native best name")
+            lo, hi = _mean_interval(arrs["histate"], arrs["native best"]) if nat else (0, 0)
+            rows.append(
+                f"| {label} | {title} ({len(names)} orders) | "
+                f"{sum(len(x) for x in arrs['histate'])} | {m['histate'] / ref - 1:+.1%} | "
+                f"{fmt(m.get('unlimited-host', math.nan) / ref - 1, '+.1%')} | {best(ABLATIONS)} | {nat} {m['native best'] / ref - 1:+.1%} | "
+                f"{best((*BASELINES, *VARIANTS))} | "
+                f"{m['histate'] / m['native best']:.3f} ({lo:.3f}-{hi:.3f}) |")
+    return "\n".join(rows)
+
+
+def noise(d: Path, kind: str) -> str:
+    """How far each order's numbers move when the GPU is 0.02% faster (jitter-KIND-sS.json
+    beside weka-KIND-sS.json): the replay's own noise, which no policy decision sees."""
+    base = load(d, f"weka-{kind}-s*.json")
+    jit = load(d, f"jitter-{kind}-s*.json")
+    pairs = [(base[f"weka-{kind}-s{seed_of(k)}"], jit[k]) for k in sorted(jit, key=seed_of)
+             if f"weka-{kind}-s{seed_of(k)}" in base]
+    if not pairs:
+        return ""
+    pols = [n for n in ORDER if all(n in a and n in b for a, b in pairs)]
+    rows = ["| policy | mean: largest move of one order | p95 | p99 | pooled mean |",
+            "|---|---|---|---|---|"]
+    for n in pols:
+        cells = []
+        for key in ("ttft_mean", "ttft_p95", "ttft_p99"):
+            cells.append(f"{max(abs(b[n][key] / a[n][key] - 1) for a, b in pairs):.1%}")
+        pa = np.concatenate([np.asarray(a["per_request"]["ttft"][n]) for a, _ in pairs])
+        pb = np.concatenate([np.asarray(b["per_request"]["ttft"][n]) for _, b in pairs])
+        cells.append(f"{abs(pb.mean() / pa.mean() - 1):.1%}")
+        rows.append(f"| {n} | {' | '.join(cells)} |")
+    return "\n".join(rows)
+
+
+def folder(d: Path) -> str:
+    out = []
+    for kind, title in REPLAYS.items():
         reps = load(d, f"weka-{kind}-s*.json")
         if not reps:
             continue
-        print(f"### Weka, {title}\n")
-        print(f"Seed 0, all policies:\n\n{full_table(reps[f'weka-{kind}-s0'])}\n")
-        print(f"{len(reps)} admission orders:\n\n{seeds_table(reps)}\n")
-        print(f"Target check (p99 at or below every baseline and variant):\n\n{target(reps)}\n")
-        print(f"The same check for every policy:\n\n{target_by_policy(reps)}\n")
-        print(f"All seeds pooled:\n\n{pooled(reps)}\n")
-        print(f"vLLM 0.34's native offloading, swept, pooled:\n\n{native_best(reps)}\n")
-        print(f"Hierarchy and restarts:\n\n{hierarchy(reps)}\n")
-        print(f"Bytes and request classes per run:\n\n{bytes_and_classes(reps)}\n")
-        print(f"Request classes, all seeds pooled:\n\n{classes_pooled(reps)}\n")
-        print(f"Where recovery is lost, per run:\n\n{recovery_losses(reps)}\n")
-    print(f"### Mutation microbenchmark\n\n{mutation(d)}\n")
+        out += [f"#### {title}", "", f"{len(reps)} admission orders, pooled:", "",
+                comparison(reps), ""]
+        nz = noise(d, kind)
+        if nz:
+            out += [f"The replay's own noise, {len(load(d, f'jitter-{kind}-s*.json'))} orders "
+                    "rerun with the GPU 0.02% faster:", "", nz, ""]
+        out += ["vLLM 0.34's native offloading at every swept setting, pooled:", "",
+                native_best(reps), "",
+                "Mean TTFT by request class, every order pooled:", "", classes_pooled(reps), "",
+                "Where recovery is lost, per order:", "", recovery_losses(reps), "",
+                "Restart survival and the SSD tier, per order:", "", hierarchy(reps), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def synthetic(d: Path) -> str:
+    out = ["#### Mutation microbenchmark", "", mutation(d), ""]
     tl = load(d, "tl-s*.json")
     if tl:
-        print(f"### TraceLab-like workload\n\n{seeds_table(tl)}\n")
-        print(f"{target(tl)}\n")
-        print(f"The same check for every policy:\n\n{target_by_policy(tl)}\n")
-        print(f"All seeds pooled:\n\n{pooled(tl)}\n")
+        out += ["#### TraceLab-like workload", "", comparison(tl), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args and args[0] == "--into":
+        target_file = Path(args[1])
+        dirs = dict(a.split("=", 1) for a in args[2:])
+        dirs = {k: Path(v) for k, v in dirs.items()}
+        blocks = {"headline": headline(dirs)}
+        blocks.update({k: folder(d) for k, d in dirs.items()})
+        synth = next((d for d in dirs.values() if list(d.glob("mut-p*-s*.json"))), None)
+        if synth is not None:
+            blocks["synthetic"] = synthetic(synth)
+        write_into(target_file, blocks)
+        return
+    d = Path(args[0])
+    print(f"{headline({d.name: d})}\n\n{folder(d)}")
+    if list(d.glob("mut-p*-s*.json")):
+        print(synthetic(d))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,17 @@ COLORS = {
     "vllm-disk": "#3182bd", "sglang-hicache": "#31a354", "unlimited": "#000000",
     "align": "#fd8d3c", "fixed-32": "#fdae6b", "lru-disk": "#756bb1",
     "histate-mirror": "#e377c2", "vllm-disk-align": "#6baed6", "sglang-hicache-chunks": "#74c476",
+    "unlimited-host": "#636363", "native": "#9467bd",
 }
+
+
+def _cdf_names(rep: dict) -> list[str]:
+    """The CDFs' policies: every one but HiState's ablations, and of vLLM 0.34's native
+    settings only the one of lowest mean (the sweep would bury the rest)."""
+    names = [n for n in _names(rep) if n not in ABLATION_ORDER[1:]]
+    native = [n for n in names if n.startswith("vllm034-")]
+    best = min(native, key=lambda n: rep[n]["ttft_mean"]) if native else None
+    return [n for n in names if not n.startswith("vllm034-") or n == best]
 
 
 def _plt():
@@ -107,15 +117,16 @@ def fig12(rep: dict, out: Path) -> Path | None:
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for n in _names(rep):
-        if n not in pr["ttft"] or n in ABLATION_ORDER[1:]:
+    for n in _cdf_names(rep):
+        if n not in pr["ttft"]:
             continue
         t = np.sort(np.array(pr["ttft"][n], dtype=float))
         y = np.arange(1, len(t) + 1) / len(t)
-        style = "--" if n in ("histate-mirror", "vllm-disk-align", "sglang-hicache-chunks") \
-            else "-"
+        style = "--" if n in ("histate-mirror", "vllm-disk-align", "sglang-hicache-chunks",
+                              "unlimited-host") else "-"
+        color = COLORS.get("native" if n.startswith("vllm034-") else n)
         for ax in axes:
-            ax.plot(t, y, style, label=n, color=COLORS.get(n), lw=1.2)
+            ax.plot(t, y, style, label=n, color=color, lw=1.2)
     axes[0].set_xscale("log")
     axes[0].set_xlabel("TTFT (s)")
     axes[0].set_ylabel("fraction of requests")
