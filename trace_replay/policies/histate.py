@@ -143,7 +143,8 @@ class CoreAdapter(SimPolicy):
                 gpu_keys.append(~h)
         self.gpu.acquire(gpu_keys)
         self.gpu.release(job.state[0])
-        job.state = (gpu_keys, ())
+        job.state = (self.gpu.retire_states(
+            gpu_keys, ~hl[job.max_blocks - 1] if job.max_blocks else None), ())
         self.store_step(job, len(hl))
         self._probe_restart(job.hashes_bytes())
 

@@ -127,7 +127,8 @@ class TieredLru(SimPolicy):
                 keys.append(~h)
         self.gpu.acquire(keys)
         self.gpu.release(job.state)
-        job.state = keys
+        job.state = self.gpu.retire_states(keys, ~hl[job.max_blocks - 1] if job.max_blocks
+                                           else None)
         self.store_step(job, len(hl))
 
     def store_step(self, job: Job, blocks: int) -> None:

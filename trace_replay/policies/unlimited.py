@@ -82,7 +82,8 @@ class UnlimitedHost(SimPolicy):
                 keys.append(~h)
         self.gpu.acquire(keys)
         self.gpu.release(job.state)
-        job.state = keys
+        job.state = self.gpu.retire_states(keys, ~hl[job.max_blocks - 1] if job.max_blocks
+                                           else None)
         self.seen.update(hl)
 
     def finished(self, job: Job) -> None:

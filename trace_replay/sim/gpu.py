@@ -88,6 +88,18 @@ class GpuPrefixCache:
             if rc == 0:
                 self.free[self._pool[k < 0]][k] = None
 
+    def retire_states(self, keys: list[int], keep: int | None) -> list[int]:
+        """A prefilled request's hold, less the states it has passed: vLLM (align mode) frees
+        a request's state blocks behind its prefill as it goes (`MambaManager.
+        remove_skipped_blocks`), cached but evictable from then on, and holds only the state
+        it runs on, `keep` (the prompt end's). Returns the keys still held."""
+        passed = [k for k in keys if k < 0 and k != keep]
+        if passed:
+            self.release(passed)
+            held = set(passed)
+            keys = [k for k in keys if k not in held]
+        return keys
+
     def _make_room(self) -> None:
         for p in set(self._pool):
             cap = self.caps[p]
