@@ -89,28 +89,59 @@ def _slow_decay(model) -> None:
                 gdn.A_log.copy_(torch.empty_like(gdn.A_log).uniform_(1e-4, 2e-3).log())
 
 
-def build(out: str | Path, seed: int = 0, **overrides) -> Path:
-    """Write config, random weights and tokenizer to `out` (idempotent)."""
+def build(out: str | Path, seed: int = 0, mtp: bool = False, **overrides) -> Path:
+    """Write config, random weights and tokenizer to `out` (idempotent). `mtp`: add one
+    multi-token-prediction layer, as Qwen3-Next's checkpoints ship (vLLM's
+    `{"method": "mtp"}` speculative decoding drafts with it)."""
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     out = Path(out)
     marker = out / "histate_tiny.json"
-    params = {**DEFAULTS, **overrides, "seed": seed, "decay": "slow-v1"}
+    params = {**DEFAULTS, **overrides, "seed": seed, "decay": "slow-v1",
+              **({"mtp": 1} if mtp else {})}
     if marker.exists() and json.loads(marker.read_text()) == params:
         return out
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    cfg_kwargs = {k: v for k, v in params.items() if k not in ("seed", "decay")}
+    cfg_kwargs = {k: v for k, v in params.items() if k not in ("seed", "decay", "mtp")}
     config = Qwen3NextConfig(vocab_size=VOCAB_SIZE, bos_token_id=1, eos_token_id=1,
                              pad_token_id=1, **cfg_kwargs)
     model = Qwen3NextForCausalLM(config)
     _slow_decay(model)
     model = model.to(torch.bfloat16)
     model.save_pretrained(out)
+    if mtp:
+        _add_mtp(out, config.hidden_size)
     build_tokenizer(out)
     marker.write_text(json.dumps(params))
     return out
+
+
+def _add_mtp(out: Path, hidden: int) -> None:
+    """What vLLM's Qwen3NextMTP loads: `num_nextn_predict_layers` in the config and
+    `mtp.{fc,pre_fc_norm_embedding,pre_fc_norm_hidden,norm}` with `mtp.layers.0.*`, a
+    full-attention decoder layer (here a copy of the model's attention layer and a random
+    `fc` joining the next token's embedding to the hidden state); embeddings and head are
+    the model's. Random weights: its drafts are proposed and rejected."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["num_nextn_predict_layers"] = 1
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    path = out / "model.safetensors"
+    w = load_file(path)
+    attn = cfg["layer_types"].index("full_attention")
+    src = f"model.layers.{attn}."
+    for k, v in list(w.items()):
+        if k.startswith(src):
+            w["mtp.layers.0." + k[len(src):]] = v.clone()
+    g = torch.Generator().manual_seed(1)
+    w["mtp.fc.weight"] = (torch.randn(hidden, 2 * hidden, generator=g) * 0.02).to(torch.bfloat16)
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        w[f"mtp.{n}.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+    save_file(w, path, metadata={"format": "pt"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="output directory")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--initializer-range", type=float, default=DEFAULTS["initializer_range"])
+    ap.add_argument("--mtp", action="store_true", help="add a multi-token-prediction layer")
     args = ap.parse_args(argv)
-    path = build(args.out, seed=args.seed, initializer_range=args.initializer_range)
+    path = build(args.out, seed=args.seed, mtp=args.mtp,
+                 initializer_range=args.initializer_range)
     print(path)
     return 0
 

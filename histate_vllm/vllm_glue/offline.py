@@ -3,14 +3,16 @@
     python -m histate_vllm.vllm_glue.offline SPEC.json OUT.json
 
 SPEC: {"model": dir, "connector": extra_config or null, "requests": [...], and optional
-engine settings (e.g. "tensor_parallel_size"; "env": variables set before vLLM starts)}. A request is {"name", "prompt": [token ids], "max_tokens"} or a flood,
+engine settings (e.g. "tensor_parallel_size"; "env": variables set before vLLM starts;
+"speculative": vLLM's speculative_config; "plugin_paths": directories of vLLM plugins)}. A request is {"name", "prompt": [token ids], "max_tokens"} or a flood,
 {"name", "flood": F, "prompt_tokens": N}: prompts of at most N fresh tokens (deterministic
 per name), F times the GPU cache's capacity in all, sized once the engine says how many
 tokens its blocks hold (it depends on the machine: 256 or 384 for the tiny model).
 {"name", "batch": [request, ...]} sends its requests together. Instead of "prompt", "parts":
 [{"seed", "blocks", "tokens"}, ...] builds one from whole KV blocks of the engine (or of
 "prompt_block_size", so an engine with other blocks gets the same prompts); a part
-{"ids": [...]} is those token ids as given (a turn-end token, say).
+{"ids": [...]} is those token ids as given (a turn-end token, say), a part {"output_of": NAME}
+what request NAME decoded (built when the request is sent).
 "step_times": true adds to each request the worker's model steps while it ran ([start s
 after it was sent, duration s, tokens scheduled]). Any request may say "settle": true:
 before it (a flood: before its first prompt) the runner waits until the connector's SSD
@@ -166,6 +168,19 @@ def _gpu_hits(llm) -> int:
                    if m.name == "vllm:prefix_cache_hits" and hasattr(m, "value")))
 
 
+def _spec_counts(llm) -> dict[str, int]:
+    """vLLM's speculative-decoding counters so far: drafts proposed, draft tokens, accepted
+    tokens (zero without a speculative config)."""
+    names = {"vllm:spec_decode_num_drafts": "drafts",
+             "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+    out = dict.fromkeys(names.values(), 0)
+    for m in llm.get_metrics():
+        if m.name in names and hasattr(m, "value"):
+            out[names[m.name]] += int(m.value)
+    return out
+
+
 def _counter(name: str = "restored_tokens") -> dict[str, int]:
     """One of the connector's counters so far, by label "tier" ("" without): by default the
     tokens it has restored, per tier (this process's Prometheus registry; vLLM's
@@ -195,29 +210,37 @@ def flood_prompts(name: str, total_tokens: int, prompt_tokens: int) -> list[tupl
     return [(f"{name} #{i + 1}", [rng.randrange(2, 2000) for _ in range(size)]) for i in range(n)]
 
 
-def part_tokens(part: dict, block_size: int) -> list[int]:
+def part_tokens(part: dict, block_size: int, outputs: dict | None = None) -> list[int]:
     """Tokens of a prompt part: `blocks` whole blocks plus `tokens`, deterministic per
-    `seed` (two parts with the same seed and length are the same tokens), or the part's
-    own `ids`."""
+    `seed` (two parts with the same seed and length are the same tokens), the part's own
+    `ids`, or what an earlier request decoded (`output_of`: its name), as an agent's next
+    turn carries the last answer."""
     import random
 
     if "ids" in part:
         return list(part["ids"])
+    if "output_of" in part:
+        if outputs is None or part["output_of"] not in outputs:
+            raise ValueError(f"output_of {part['output_of']!r}: no earlier request of that name")
+        return list(outputs[part["output_of"]])
 
     rng = random.Random(f"part:{part['seed']}")
     n = part.get("blocks", 0) * block_size + part.get("tokens", 0)
     return [rng.randrange(2, 2000) for _ in range(n)]
 
 
-def _with_prompt(req: dict, block_size: int) -> dict:
+def _with_prompt(req: dict, block_size: int, outputs: dict | None = None) -> dict:
     if "parts" in req:
+        if outputs is None and any("output_of" in p for p in req["parts"]):
+            return {**req, "lazy_block_size": block_size}  # built when it is sent
         prompt: list[int] = []
         marks = []  # a part with "mark": a client breakpoint where it ends (boundaries.py)
         for part in req["parts"]:
-            prompt += part_tokens(part, block_size)
+            prompt += part_tokens(part, block_size, outputs)
             if part.get("mark"):
                 marks.append(len(prompt))
-        req = {**{k: v for k, v in req.items() if k != "parts"}, "prompt": prompt}
+        req = {**{k: v for k, v in req.items() if k not in ("parts", "lazy_block_size")},
+               "prompt": prompt}
         if marks:
             req["kv_transfer_params"] = {"histate_breakpoints": marks}
     if "batch" in req:
@@ -314,6 +337,13 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(open(spec_path).read())
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.update(spec.get("env", {}))  # before vllm reads its environment
+    # Directories of vLLM plugins (a `*.dist-info` with `vllm.general_plugins` entry points,
+    # e.g. examples/vllm_cpu_kernels): found by this process and by the engine's own.
+    paths = [str(p) for p in spec.get("plugin_paths", [])]
+    if paths:
+        sys.path[:0] = paths
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            paths + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
     if spec.get("step_times") or any(r.get("settle") for r in spec["requests"]):
         # `_settle` and the step timers send functions to the workers (collective_rpc),
         # which vLLM's msgpack channel to its own engine core passes only as a pickle.
@@ -347,6 +377,8 @@ def main(spec_path: str, out_path: str) -> None:
         # Offer the state at every prefill chunk end to the connector, not only at the
         # prompt tail and shared-prefix junctions (vLLM's default retention).
         kwargs["prefix_cache_retention_interval"] = None
+    if spec.get("speculative"):
+        kwargs["speculative_config"] = spec["speculative"]
     if spec.get("connector") is not None:
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector="HiStateConnector",
@@ -375,6 +407,9 @@ def main(spec_path: str, out_path: str) -> None:
     threads_start = engine_threads()  # after warm-up: the timed requests' CPU is the difference
     results = []
     for req in expand_requests(spec["requests"], layout, spec.get("prompt_block_size")):
+        if "lazy_block_size" in req:
+            req = _with_prompt(req, req["lazy_block_size"],
+                               {r["name"]: r["token_ids"] for r in results})
         if req.get("settle"):
             _settle(llm, req["name"])
         # A batch: its requests go to the engine together (they queue, and a restore can
@@ -388,6 +423,7 @@ def main(spec_path: str, out_path: str) -> None:
         if spec.get("step_times"):
             llm.collective_rpc(_take_worker_steps)  # drop what ran between requests
         gpu_before, restored_before = _gpu_hits(llm), _counter()
+        spec_before = _spec_counts(llm) if spec.get("speculative") else None
         ahead_before = _counter("ssd_states_ahead_read").get("", 0)
         t0 = time.perf_counter()
         prompts = [TokensPrompt(prompt_token_ids=r["prompt"]) for r in batch]
@@ -402,6 +438,8 @@ def main(spec_path: str, out_path: str) -> None:
         restored = {t: n - restored_before.get(t, 0) for t, n in _counter().items()
                     if n > restored_before.get(t, 0)}
         ahead = _counter("ssd_states_ahead_read").get("", 0) - ahead_before
+        drafts = ({k: v - spec_before[k] for k, v in _spec_counts(llm).items()}
+                  if spec_before is not None else None)
         for r, out in zip(batch, outs):
             completion = out.outputs[0]
             metrics = out.metrics
@@ -419,6 +457,8 @@ def main(spec_path: str, out_path: str) -> None:
                     **({"restored": restored} if len(batch) == 1 else {}),
                     # State pages of it read from copies written ahead of their KV.
                     **({"states_ahead": ahead} if len(batch) == 1 and ahead else {}),
+                    # Speculative decoding during it: drafts, draft tokens, accepted tokens.
+                    **({"spec": drafts} if drafts is not None and len(batch) == 1 else {}),
                     token_ids=list(completion.token_ids),
                     logprobs=[lp[tok].logprob
                               for tok, lp in zip(completion.token_ids, completion.logprobs)],
