@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
 from agent_demo import build_prompts, replay  # noqa: E402
+from results_blocks import cpu_name, show_or_write  # noqa: E402
 
 MiB = 1 << 20
 TRACE = REPO / "examples" / "traces" / "agent_session.json"
@@ -88,13 +89,7 @@ def main() -> None:
                     help="with --report: write it into the file's 'demo-turns' block")
     args = ap.parse_args()
     if args.report:
-        text = report(json.loads(args.report.read_text()))
-        if args.into:
-            from results_blocks import write_into
-
-            write_into(args.into, {"demo-turns": text})
-        else:
-            print(text)
+        show_or_write(report(json.loads(args.report.read_text())), args.into, "demo-turns")
         return
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-demo-turns-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -114,7 +109,7 @@ def main() -> None:
                 f"{t} {v['ttft'] * 1e3:.0f} ms ({v['cached']} cached)" for t, v in res.items()),
                 flush=True)
     summary = {"block": block, "rounds": args.rounds, "cpus": os.cpu_count(),
-               "cpu": _cpu_name(), "engines": engines,
+               "cpu": cpu_name(), "engines": engines,
                "runs": {n: [{t: {k: v for k, v in r.items() if k != "tokens"}
                              for t, r in res.items()} for res in rs] for n, rs in runs.items()},
                "same_tokens": {n: [[t for t in mine if mine[t]["tokens"] != base[t]["tokens"]]
@@ -124,16 +119,6 @@ def main() -> None:
     print(report(summary))
     print(f"work directory: {work} (summary.json: python benchmarks/bench_demo_turns.py "
           f"--report {work / 'summary.json'})")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def report(summary: dict) -> str:

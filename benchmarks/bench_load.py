@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
+from results_blocks import cpu_name, show_or_write  # noqa: E402
 from trace_replay import load  # noqa: E402
 from trace_replay.live import SHARE_GRAIN, LiveConfig, replay_live, reuse_ceiling  # noqa: E402
 from trace_replay.server import local_server, metric_sum as _sum, metrics as _metrics  # noqa: E402
@@ -255,13 +256,7 @@ def main() -> None:
                     help="with --report: write them into the file's 'load' block")
     args = ap.parse_args()
     if args.report:
-        text = report(json.loads(args.report.read_text()))
-        if args.into:
-            from results_blocks import write_into
-
-            write_into(args.into, {"load": text})
-        else:
-            print(text)
+        show_or_write(report(json.loads(args.report.read_text())), args.into, "load")
         return
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-load-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -293,7 +288,7 @@ def main() -> None:
         "settings": {**{k: v for k, v in vars(args).items() if k not in ("traces", "dir")},
                      "traces": [str(p) for p in args.traces], "block": block,
                      "sessions": len(load([str(p) for p in args.traces]).sessions),
-                     "cpus": os.cpu_count(), "cpu": _cpu_name()},
+                     "cpus": os.cpu_count(), "cpu": cpu_name()},
         "runs": {n: {k: v for k, v in r.items() if k != "outputs"} for n, r in runs.items()},
         "same_outputs": same, "fsck": fsck,
     }
@@ -301,16 +296,6 @@ def main() -> None:
     print(report(summary))
     print(f"work directory: {work} (summary.json: python benchmarks/bench_load.py --report "
           f"{work / 'summary.json'})")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def report(summary: dict) -> str:

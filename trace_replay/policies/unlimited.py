@@ -8,6 +8,20 @@ from ..sim.job import Job
 from .base import PolicyContext, SimPolicy
 
 
+def seen_prefix(seen: set[int], job: Job) -> int:
+    """Leading blocks of the prompt (at most `max_blocks`) computed before. Chained ids: a
+    block seen at index i means its whole prefix was seen, so the prefix can be bisected."""
+    hl = job.blocks
+    lo, hi = 0, job.max_blocks
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hl[mid - 1] in seen:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class Unlimited(SimPolicy):
     name = "unlimited"
 
@@ -16,17 +30,7 @@ class Unlimited(SimPolicy):
         self.seen: set[int] = set()
 
     def lookup(self, job: Job) -> None:
-        # Chained ids: a block seen at index i means its whole prefix was seen, so the cached
-        # prefix is monotone along the prompt and can be bisected.
-        hl, seen = job.blocks, self.seen
-        lo, hi = 0, job.max_blocks
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hl[mid - 1] in seen:
-                lo = mid
-            else:
-                hi = mid - 1
-        job.resume = job.gpu_hit = job.shared = lo * self.B
+        job.resume = job.gpu_hit = job.shared = seen_prefix(self.seen, job) * self.B
 
     def prefilled(self, job: Job) -> None:
         self.seen.update(job.blocks)
@@ -48,14 +52,8 @@ class UnlimitedHost(SimPolicy):
         self.gpu = GpuPrefixCache(ctx.gpu_bytes, self.kvb, self.sb)
 
     def lookup(self, job: Job) -> None:
-        hl, seen = job.blocks, self.seen
-        lo, hi = 0, job.max_blocks
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hl[mid - 1] in seen:
-                lo = mid
-            else:
-                hi = mid - 1
+        hl = job.blocks
+        lo = seen_prefix(self.seen, job)
         g, k = self.gpu.hit(hl, job.max_blocks)
         job.gpu_hit = g * self.B
         job.shared = max(lo, k) * self.B
