@@ -121,10 +121,7 @@ class CoreAdapter(SimPolicy):
         if self.ctx.client_breakpoints:
             ends += job.req.breakpoints
         job.captures = orch.plan(job.request_id, hb, job.input_tokens, ends)
-        held = list(hl[:g])
-        if g:
-            held.append(~hl[g - 1])
-        self.gpu.acquire(held)
+        held = self.gpu.hold_hit(hl, g)
         job.state = (held, loaded)
 
     def loaded(self, job: Job) -> None:

@@ -109,10 +109,7 @@ class TieredLru(SimPolicy):
         if self.retention_tokens:
             pos = merge(pos, periodic(job.resume, job.prompt_end, self.retention_tokens, B))
         job.captures = pos
-        held = list(hl[:g])
-        if g:
-            held.append(~hl[g - 1])
-        self.gpu.acquire(held)
+        held = self.gpu.hold_hit(hl, g)
         job.state = held
 
     def prefilled(self, job: Job) -> None:

@@ -62,10 +62,7 @@ class UnlimitedHost(SimPolicy):
             job.resume = lo * self.B
         else:
             job.resume = g * self.B
-        held = list(hl[:g])
-        if g:
-            held.append(~hl[g - 1])
-        self.gpu.acquire(held)
+        held = self.gpu.hold_hit(hl, g)
         job.state = held
 
     def prefilled(self, job: Job) -> None:

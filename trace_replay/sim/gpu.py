@@ -88,6 +88,15 @@ class GpuPrefixCache:
             if rc == 0:
                 self.free[self._pool[k < 0]][k] = None
 
+    def hold_hit(self, hashes: Sequence[int], g: int) -> list[int]:
+        """Hold a GPU hit of `g` blocks for a request: their KV and the state at the last
+        one. Returns the keys held."""
+        held = list(hashes[:g])
+        if g:
+            held.append(~hashes[g - 1])
+        self.acquire(held)
+        return held
+
     def retire_states(self, keys: list[int], keep: int | None) -> list[int]:
         """A prefilled request's hold, less the states it has passed: vLLM (align mode) frees
         a request's state blocks behind its prefill as it goes (`MambaManager.
