@@ -129,19 +129,11 @@ class CoreAdapter(SimPolicy):
 
     # -- store -------------------------------------------------------------------------------
     def prefilled(self, job: Job) -> None:
-        B, hl = self.B, job.blocks
+        hl = job.blocks
         states = set(job.captures)
         if job.resume:
             states.add(job.resume)
-        gpu_keys: list[int] = []
-        for i, h in enumerate(hl):
-            gpu_keys.append(h)
-            if (i + 1) * B in states:
-                gpu_keys.append(~h)
-        self.gpu.acquire(gpu_keys)
-        self.gpu.release(job.state[0])
-        job.state = (self.gpu.retire_states(
-            gpu_keys, ~hl[job.max_blocks - 1] if job.max_blocks else None), ())
+        job.state = (self.gpu.hold_prompt(hl, self.B, states, job.state[0], job.max_blocks), ())
         self.store_step(job, len(hl))
         self._probe_restart(job.hashes_bytes())
 

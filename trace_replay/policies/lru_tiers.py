@@ -109,23 +109,14 @@ class TieredLru(SimPolicy):
         if self.retention_tokens:
             pos = merge(pos, periodic(job.resume, job.prompt_end, self.retention_tokens, B))
         job.captures = pos
-        held = self.gpu.hold_hit(hl, g)
-        job.state = held
+        job.state = self.gpu.hold_hit(hl, g)
 
     def prefilled(self, job: Job) -> None:
-        B, hl = self.B, job.blocks
+        hl = job.blocks
         states = set(job.captures)
         if job.resume:
             states.add(job.resume)
-        keys: list[int] = []
-        for i, h in enumerate(hl):
-            keys.append(h)
-            if (i + 1) * B in states:
-                keys.append(~h)
-        self.gpu.acquire(keys)
-        self.gpu.release(job.state)
-        job.state = self.gpu.retire_states(keys, ~hl[job.max_blocks - 1] if job.max_blocks
-                                           else None)
+        job.state = self.gpu.hold_prompt(hl, self.B, states, job.state, job.max_blocks)
         self.store_step(job, len(hl))
 
     def store_step(self, job: Job, blocks: int) -> None:

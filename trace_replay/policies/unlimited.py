@@ -62,23 +62,14 @@ class UnlimitedHost(SimPolicy):
             job.resume = lo * self.B
         else:
             job.resume = g * self.B
-        held = self.gpu.hold_hit(hl, g)
-        job.state = held
+        job.state = self.gpu.hold_hit(hl, g)
 
     def prefilled(self, job: Job) -> None:
         # On the GPU, as every system's vLLM leaves it: the prompt's KV, a state at its end
         # and where it resumed.
-        B, hl = self.B, job.blocks
-        states = {job.prompt_end, job.resume}
-        keys: list[int] = []
-        for i, h in enumerate(hl):
-            keys.append(h)
-            if (i + 1) * B in states:
-                keys.append(~h)
-        self.gpu.acquire(keys)
-        self.gpu.release(job.state)
-        job.state = self.gpu.retire_states(keys, ~hl[job.max_blocks - 1] if job.max_blocks
-                                           else None)
+        hl = job.blocks
+        job.state = self.gpu.hold_prompt(hl, self.B, {job.prompt_end, job.resume}, job.state,
+                                         job.max_blocks)
         self.seen.update(hl)
 
     def finished(self, job: Job) -> None:

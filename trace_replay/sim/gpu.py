@@ -97,6 +97,21 @@ class GpuPrefixCache:
         self.acquire(held)
         return held
 
+    def hold_prompt(self, hashes: Sequence[int], block_tokens: int, states: set[int],
+                    previous: Iterable[int], max_blocks: int) -> list[int]:
+        """A request's hold once prefilled: its prompt's KV and the states at token positions
+        `states`, then its earlier hold (`previous`) let go and the states it passed retired
+        (`retire_states`: the prompt end's, block `max_blocks`, stays held). Returns the keys
+        held."""
+        keys: list[int] = []
+        for i, h in enumerate(hashes):
+            keys.append(h)
+            if (i + 1) * block_tokens in states:
+                keys.append(~h)
+        self.acquire(keys)
+        self.release(previous)
+        return self.retire_states(keys, ~hashes[max_blocks - 1] if max_blocks else None)
+
     def retire_states(self, keys: list[int], keep: int | None) -> list[int]:
         """A prefilled request's hold, less the states it has passed: vLLM (align mode) frees
         a request's state blocks behind its prefill as it goes (`MambaManager.
