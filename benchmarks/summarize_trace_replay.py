@@ -14,6 +14,7 @@ prose around them is the file's own.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -36,6 +37,7 @@ ABLATIONS = ("histate-mirror", "align", "fixed-32", "lru-disk")
 ORDER = ("histate", *BASELINES, *VARIANTS, "unlimited", "unlimited-host", *ABLATIONS, *NATIVE)
 
 
+@functools.cache  # the headline and each folder's tables read the same reports (read-only)
 def load(d: Path, pattern: str) -> dict[str, dict]:
     out = {}
     for p in sorted(d.glob(pattern)):
@@ -417,11 +419,9 @@ def headline(dirs: dict[str, Path]) -> str:
     return "\n".join(rows)
 
 
-def noise(d: Path, kind: str) -> str:
+def noise(base: dict[str, dict], jit: dict[str, dict], kind: str) -> str:
     """How far each order's numbers move when the GPU is 0.02% faster (jitter-KIND-sS.json
     beside weka-KIND-sS.json): the replay's own noise, which no policy decision sees."""
-    base = load(d, f"weka-{kind}-s*.json")
-    jit = load(d, f"jitter-{kind}-s*.json")
     pairs = [(base[f"weka-{kind}-s{seed_of(k)}"], jit[k]) for k in sorted(jit, key=seed_of)
              if f"weka-{kind}-s{seed_of(k)}" in base]
     if not pairs:
@@ -448,10 +448,11 @@ def folder(d: Path) -> str:
             continue
         out += [f"#### {title}", "", f"{len(reps)} admission orders, pooled:", "",
                 comparison(reps), ""]
-        nz = noise(d, kind)
+        jit = load(d, f"jitter-{kind}-s*.json")
+        nz = noise(reps, jit, kind)
         if nz:
-            out += [f"The replay's own noise, {len(load(d, f'jitter-{kind}-s*.json'))} orders "
-                    "rerun with the GPU 0.02% faster:", "", nz, ""]
+            out += [f"The replay's own noise, {len(jit)} orders rerun with the GPU 0.02% "
+                    "faster:", "", nz, ""]
         out += ["vLLM 0.34's native offloading at every swept setting, pooled:", "",
                 native_best(reps), "",
                 "Mean TTFT by request class, every order pooled:", "", classes_pooled(reps), "",
