@@ -1,0 +1,80 @@
+"""The benchmarks' --report/--into: each writes its tables from a run's saved summary JSON
+into the named generated block of a results file, and leaves the prose around it alone.
+Tiny synthetic summaries; no engine, no disk measurement."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bench(name: str):
+    # As in test_demo_turns_split: a benchmark puts the checkout first on sys.path (as a
+    # script); restore it after the import.
+    saved = list(sys.path)
+    sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "examples")]
+    try:
+        return pytest.importorskip(name)
+    finally:
+        sys.path[:] = saved
+
+
+def _has_block(results: str, block: str) -> None:
+    """The results file carries the block its benchmark writes, once."""
+    text = (REPO / "benchmarks" / results).read_text()
+    assert text.count(f"<!-- generated: {block} -->\n") == 1, (results, block)
+
+
+def _results(tmp_path: Path, block: str) -> Path:
+    md = tmp_path / "results.md"
+    md.write_text(f"# Title\n\nProse before.\n\n<!-- generated: {block} -->\nold table\n"
+                  "<!-- /generated -->\n\nProse after.\n")
+    return md
+
+
+def _report(monkeypatch, tmp_path: Path, module, block: str, summaries: list[dict],
+            call=None) -> str:
+    """Run the benchmark's --report ... --into on saved summaries; the block's new body."""
+    paths = []
+    for i, s in enumerate(summaries):
+        paths.append(tmp_path / f"summary-{i}.json")
+        paths[-1].write_text(json.dumps(s))
+    md = _results(tmp_path, block)
+    argv = ["--report", *map(str, paths), "--into", str(md)]
+    if call is None:
+        monkeypatch.setattr(sys, "argv", ["bench", *argv])
+        module.main()
+    else:
+        call(argv)
+    text = md.read_text()
+    assert text.startswith("# Title\n\nProse before.\n\n")
+    assert text.endswith("<!-- /generated -->\n\nProse after.\n")
+    assert "old table" not in text
+    return text.split(f"<!-- generated: {block} -->\n", 1)[1].split("<!-- /generated -->")[0]
+
+
+def test_weights_digest(monkeypatch, tmp_path):
+    _has_block("results_weights_digest.md", "weights-digest")
+    mod = _bench("bench_weights_digest")
+    summary = dict(bytes=4 << 30, cold=True, threads=2, files_at_once=4, hash_gbps_1=14.0,
+                   hash_gbps_n=28.0, first_s=2.0, restart_s=0.002, restart_bytes=0, cpus=2,
+                   cpu="Test CPU")
+    body = _report(monkeypatch, tmp_path, mod, "weights-digest", [summary], call=mod.main)
+    assert "| first start: read and hash (4.3 GB) | 2.00 s (2.15 GB/s) |" in body
+    assert "| restart, weights unchanged (cached digest) | 2.00 ms (0 bytes read) |" in body
+    assert "| this drive (2.15 GB/s) | 9.3 s | 93.1 s |" in body
+    assert "| NVMe PCIe 4 (7 GB/s) | 2.9 s | 28.6 s |" in body
+
+
+def test_a_missing_block_writes_nothing(tmp_path):
+    blocks = _bench("results_blocks")
+    md = _results(tmp_path, "other")
+    before = md.read_text()
+    with pytest.raises(SystemExit, match="no block"):
+        blocks.write_into(md, {"step": "table"})
+    assert md.read_text() == before
