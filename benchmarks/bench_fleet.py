@@ -11,12 +11,17 @@ kv-cache-tester sends it), no request sent after `--duration` seconds. Each poli
 the traces under its own salt (other token ids), so the second policy finds nothing of the
 first in the caches. Per policy: requests completed and failed, the cached-token fraction
 (the responses' `cached_tokens` over prompt tokens), TTFT mean and p99 (client side, send
-to first streamed token) and how requests split between the engines.
+to first streamed token), the reuse an unlimited cache would have found in the same prompts,
+TTFT of the requests that ceiling covers at least half of and of the rest, and how requests
+split between the engines.
 
     python benchmarks/bench_fleet.py [TRACE ...] [--users 4] [--duration 120] [--dir WORK]
+    python benchmarks/bench_fleet.py --report WORK/summary.json [--into RESULTS_MD]
 
-Two engines and a router on a 2-core machine are slow: the defaults are short runs on a
-small GPU cache. Results: benchmarks/results_fleet.md.
+A run saves each policy's summary in WORK/summary.json; --report prints the table from it
+(--into writes it into the results file's 'fleet' block). Two engines and a router on a
+2-core machine are slow: the defaults are short runs on a small GPU cache. Results:
+benchmarks/results_fleet.md.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
+from results_blocks import cpu_name, show_or_write  # noqa: E402
 from tests.engine.fleet import loopback_relay, router, served  # noqa: E402
 from tests.engine.kv_events import events_args, histate_connector  # noqa: E402
 from trace_replay import load  # noqa: E402
@@ -63,7 +69,14 @@ def main() -> None:
     ap.add_argument("--dram-mib", type=int, default=64)
     ap.add_argument("--ssd-mib", type=int, default=1024)
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    ap.add_argument("--report", type=Path, metavar="SUMMARY_JSON",
+                    help="print the table of an earlier run's summary.json; run nothing")
+    ap.add_argument("--into", type=Path, metavar="RESULTS_MD",
+                    help="with --report: write it into the file's 'fleet' block")
     args = ap.parse_args()
+    if args.report:
+        show_or_write(report(json.loads(args.report.read_text())), args.into, "fleet")
+        return
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-fleet-"))
     work.mkdir(parents=True, exist_ok=True)
     from build_tiny_model import build
@@ -117,20 +130,49 @@ def main() -> None:
             results[policy] = s
             (work / f"{policy}.json").write_text(json.dumps({"summary": s, "requests": records}))
             print(json.dumps({policy: s}), flush=True)
-    print(f"\n{args.users} users, {len(workload.sessions)} sessions from "
-          f"{', '.join(str(p) for p in args.traces)}; arrival gaps capped at "
-          f"{args.max_delay:g} s x {args.time_scale:g}; contexts <= {args.max_context:,}; "
-          f"outputs <= {args.max_output_tokens}; {args.duration:.0f} s per policy; two "
-          f"engines, each GPU cache {args.gpu_blocks} blocks, HiState DRAM {args.dram_mib} "
-          f"MiB, SSD {args.ssd_mib} MiB; {os.cpu_count()} CPUs\n")
-    print("| policy | completed | failed | cached / prompt tokens | TTFT mean | TTFT p99 "
-          "| requests per engine |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for policy, s in results.items():
-        print(f"| {policy} | {s['completed']} | {s['failed']} | {s['hit_rate']:.3f} | "
-              f"{s['ttft_mean']:.2f} s | {s['ttft_p99']:.2f} s | "
-              f"{' / '.join(map(str, s['split']))} |")
-    print(f"\nwork directory: {work}")
+    summary = {"settings": {**{k: v for k, v in vars(args).items()
+                               if k not in ("traces", "dir", "report", "into")},
+                            "traces": [str(p) for p in args.traces], "block": block,
+                            "sessions": len(workload.sessions), "cpus": os.cpu_count(),
+                            "cpu": cpu_name()},
+               "policies": results}
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(report(summary))
+    print(f"work directory: {work} (summary.json: python benchmarks/bench_fleet.py --report "
+          f"{work / 'summary.json'})")
+
+
+COLUMNS = [
+    ("completed", "completed", "{:.0f}"),
+    ("failed", "failed", "{:.0f}"),
+    ("cached / prompt tokens", "hit_rate", "{:.3f}"),
+    ("reusable / prompt tokens", "reusable_rate", "{:.3f}"),
+    ("TTFT mean (s)", "ttft_mean", "{:.2f}"),
+    ("TTFT p50 (s)", "ttft_p50", "{:.2f}"),
+    ("TTFT p99 (s)", "ttft_p99", "{:.2f}"),
+    ("requests half reusable or more", "warm_requests", "{:.0f}"),
+    ("their TTFT mean (s)", "ttft_mean_warm", "{:.2f}"),
+    ("the rest's TTFT mean (s)", "ttft_mean_cold", "{:.2f}"),
+]
+
+
+def report(summary: dict) -> str:
+    """The markdown of one run, from its summary.json."""
+    a = summary["settings"]
+    out = [f"{a['users']} users, {a['sessions']} sessions from {', '.join(a['traces'])}; "
+           f"arrival gaps capped at {a['max_delay']:g} s x {a['time_scale']:g}; contexts <= "
+           f"{a['max_context']:,}; outputs <= {a['max_output_tokens']}; {a['duration']:.0f} s "
+           f"of sending per policy. Two engines, each a GPU cache of {a['gpu_blocks']} blocks "
+           f"of {a['block']} tokens, HiState DRAM {a['dram_mib']} MiB and SSD {a['ssd_mib']} "
+           f"MiB; {a['cpus']} CPUs ({a['cpu']}).", "",
+           "| policy | " + " | ".join(c[0] for c in COLUMNS) + " | requests per engine |",
+           "|---" * (len(COLUMNS) + 2) + "|"]
+    for policy, s in summary["policies"].items():
+        cells = [fmt.format(s[key]) if s.get(key) is not None else "-"
+                 for _, key, fmt in COLUMNS]
+        out.append(f"| {policy} | {' | '.join(cells)} | "
+                   f"{' / '.join(map(str, s['split']))} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

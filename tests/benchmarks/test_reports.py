@@ -58,6 +58,23 @@ def _report(monkeypatch, tmp_path: Path, module, block: str, summaries: list[dic
     return text.split(f"<!-- generated: {block} -->\n", 1)[1].split("<!-- /generated -->")[0]
 
 
+def test_fleet(monkeypatch, tmp_path):
+    pol = dict(completed=10, failed=0, hit_rate=0.5, reusable_rate=0.7, ttft_mean=3.0,
+               ttft_p50=2.0, ttft_p99=9.0, warm_requests=6, ttft_mean_warm=2.5,
+               ttft_mean_cold=3.75, split=[6, 4])
+    settings = dict(users=4, sessions=34, traces=["weka"], max_delay=20.0, time_scale=0.1,
+                    max_context=24000, max_output_tokens=16, duration=120.0, gpu_blocks=160,
+                    block=256, dram_mib=64, ssd_mib=1024, cpus=2, cpu="Test CPU")
+    _has_block("results_fleet.md", "fleet")
+    body = _report(monkeypatch, tmp_path, _bench("bench_fleet"), "fleet",
+                   [dict(settings=settings, policies={"consistent_hash": pol,
+                                                      "round_robin": dict(pol, split=[5, 5])})])
+    assert body.startswith("4 users, 34 sessions from weka;")
+    assert ("| consistent_hash | 10 | 0 | 0.500 | 0.700 | 3.00 | 2.00 | 9.00 | 6 | 2.50 | "
+            "3.75 | 6 / 4 |") in body
+    assert "| round_robin |" in body and "| 5 / 5 |" in body
+
+
 def test_weights_digest(monkeypatch, tmp_path):
     _has_block("results_weights_digest.md", "weights-digest")
     mod = _bench("bench_weights_digest")
