@@ -224,24 +224,31 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         at or below it, the load starts one block before p (vLLM loads at least one token,
         and the state needs the KV of at least one block with it). Either way the load
         must be within what fits the free GPU blocks now, and every KV block from the
-        start to p must be readable here."""
+        start to p must be readable here, and with an EAGLE-type drafter (MTP) its block
+        past p too: vLLM's lookup matches that block in the drafter's group and drops it
+        (`_lookup_complete_chunks`), so without it the hit falls a block short of p."""
         status = self._req_status.get(request.request_id)
         if status is None or not self._layout.state_group_ids:
             return None
         bt = self._layout.block_tokens
         status.update_offload_keys()
-        state_keys, kv_keys = [], []
+        state_keys, kv_keys, drafter_keys = [], [], []
         for config, group in zip(self.config.kv_group_configs, status.group_states):
             is_state = config.group_idx in self._layout.state_group_ids
             (state_keys if is_state else kv_keys).append(group.offload_keys)
+            if config.group_idx in self._layout.drafter_group_ids:
+                drafter_keys.append(group.offload_keys)
         if not state_keys:
             return None
         top = (request.num_tokens - 1) // bt
-        top = min([top] + [len(keys) for keys in state_keys + kv_keys])
+        top = min([top] + [len(keys) for keys in state_keys + kv_keys]
+                  + [len(keys) - 1 for keys in drafter_keys])
         readable = self.manager.orch.readable
         limit = None
         for end in range(top, all_local // bt, -1):  # p = end * bt, deepest first
             if not all(readable(keys[end - 1]) for keys in state_keys):
+                continue
+            if not all(readable(keys[end]) for keys in drafter_keys):
                 continue
             start = min(attn_local // bt, end - 1)
             if start * bt <= all_local:
