@@ -19,12 +19,19 @@ clean baseline: without the connector the engine runs with the cache_config.bloc
 reverts to (128; see HiStateConnectorScheduler._keep_block_size), so its prefill chunks
 are split differently.
 
-    python benchmarks/bench_chunk_ends.py [--tokens 32768] [--prompts 4] [--ssm-dtype float32]
+    python benchmarks/bench_chunk_ends.py [--tokens 32768] [--prompts 4] \\
+        [--ssm-dtype float32] [--dir WORK]
+    python benchmarks/bench_chunk_ends.py --report WORK/summary.json [--into RESULTS_MD]
+
+A run saves its times in WORK/summary.json; --report prints the table from it (--into
+writes it into the results file's 'chunk-ends-DTYPE' block, DTYPE the run's state dtype).
+Results: benchmarks/results_chunk_ends.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -38,6 +45,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
 from histate_vllm.vllm_glue.offline import run_engine  # noqa: E402
+from results_blocks import cpu_name, show_or_write  # noqa: E402
 
 MiB = 1 << 20
 
@@ -83,7 +91,15 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--ssm-dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
+    ap.add_argument("--report", type=Path, metavar="SUMMARY_JSON",
+                    help="print the table of an earlier run's summary.json; run nothing")
+    ap.add_argument("--into", type=Path, metavar="RESULTS_MD",
+                    help="with --report: write it into the file's 'chunk-ends-DTYPE' block")
     args = ap.parse_args()
+    if args.report:
+        summary = json.loads(args.report.read_text())
+        show_or_write(report(summary), args.into, f"chunk-ends-{summary['ssm_dtype']}")
+        return
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench-chunk-ends-"))
     work.mkdir(parents=True, exist_ok=True)
     from build_tiny_model import build
@@ -97,22 +113,38 @@ def main() -> None:
         "histate": _run(model, work, "histate", args, dict(dram_bytes=dram)),
     }
     engine = runs["vllm"][0]["engine"]
-    print(f"\n{args.prompts} fresh prompts of {args.tokens:,} tokens, tiny hybrid model, "
-          f"{engine['block_size']}-token blocks, {engine['ssm_dtype']} states, "
-          f"{os.cpu_count()} CPUs")
-    base = statistics.median(r["ttft"] for r in runs["vllm"][0]["results"])
-    term = statistics.median(r["ttft"] for r in runs["terminal"][0]["results"])
-    print(f"{'engine':<10} {'captures/req':>12} {'prefill s (median)':>19} "
-          f"{'tokens/s':>10} {'throughput vs terminal':>23}")
+    engines = {}
     for name, (out, log) in runs.items():
         for r in out["results"]:
             assert r["num_cached_tokens"] == 0, (name, r["name"], r["num_cached_tokens"])
-        t = statistics.median(r["ttft"] for r in out["results"])
-        caps = _captures(out, log) if name != "vllm" else 0.0
-        print(f"{name:<10} {caps:>12.1f} {t:>19.3f} {args.tokens / t:>10,.0f} {term / t:>23.3f}")
-    hist = statistics.median(r["ttft"] for r in runs["histate"][0]["results"])
-    print(f"capture overhead per request (histate - terminal): {hist - term:+.3f} s; "
-          f"connector base cost (terminal - vllm): {term - base:+.3f} s")
+        engines[name] = dict(ttft=[r["ttft"] for r in out["results"]],
+                             captures=_captures(out, log) if name != "vllm" else 0.0)
+    summary = dict(tokens=args.tokens, prompts=args.prompts, ssm_dtype=engine["ssm_dtype"],
+                   block=engine["block_size"], cpus=os.cpu_count(), cpu=cpu_name(),
+                   engines=engines)
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(report(summary))
+    print(f"work directory: {work} (summary.json: python benchmarks/bench_chunk_ends.py "
+          f"--report {work / 'summary.json'})")
+
+
+def report(summary: dict) -> str:
+    """The markdown of one run, from its summary.json."""
+    eng, tokens = summary["engines"], summary["tokens"]
+    med = {name: statistics.median(e["ttft"]) for name, e in eng.items()}
+    out = [f"{summary['prompts']} fresh prompts of {tokens:,} tokens per engine, "
+           f"{summary['ssm_dtype']} states ({summary['block']}-token blocks), "
+           f"{summary['cpus']} CPUs ({summary['cpu']}).", "",
+           "| engine | captures / request | prefill s (median) | tokens/s "
+           "| throughput vs terminal |", "|---|---|---|---|---|"]
+    for name, e in eng.items():
+        out.append(f"| {name} | {e['captures']:.1f} | {med[name]:.3f} | "
+                   f"{tokens / med[name]:,.0f} | {med['terminal'] / med[name]:.3f} |")
+    extra = eng["histate"]["captures"] - eng["terminal"]["captures"]
+    cost = med["histate"] - med["terminal"]
+    out += ["", f"Capture cost per request (histate - terminal): {cost:+.3f} s "
+            f"({cost / med['terminal']:+.1%}) for {extra:.1f} more checkpoints."]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

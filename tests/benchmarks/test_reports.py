@@ -58,6 +58,23 @@ def _report(monkeypatch, tmp_path: Path, module, block: str, summaries: list[dic
     return text.split(f"<!-- generated: {block} -->\n", 1)[1].split("<!-- /generated -->")[0]
 
 
+def test_chunk_ends_block_is_named_by_the_state_dtype(monkeypatch, tmp_path):
+    summary = dict(tokens=32768, prompts=3, ssm_dtype="bfloat16", block=256, cpus=2,
+                   cpu="Test CPU", engines={
+                       "vllm": dict(ttft=[16.0, 15.0, 17.0], captures=0.0),
+                       "terminal": dict(ttft=[8.0, 8.2, 7.9], captures=1.0),
+                       "histate": dict(ttft=[8.4, 8.1, 8.3], captures=5.0)})
+    _has_block("results_chunk_ends.md", "chunk-ends-float32")
+    _has_block("results_chunk_ends.md", "chunk-ends-bfloat16")
+    body = _report(monkeypatch, tmp_path, _bench("bench_chunk_ends"), "chunk-ends-bfloat16",
+                   [summary])
+    assert "3 fresh prompts of 32,768 tokens per engine, bfloat16 states (256-token blocks)" in body
+    assert "| vllm | 0.0 | 16.000 | 2,048 | 0.500 |" in body
+    assert "| terminal | 1.0 | 8.000 | 4,096 | 1.000 |" in body
+    assert "| histate | 5.0 | 8.300 | 3,948 | 0.964 |" in body
+    assert "+0.300 s (+3.8%) for 4.0 more checkpoints" in body
+
+
 def test_fleet(monkeypatch, tmp_path):
     pol = dict(completed=10, failed=0, hit_rate=0.5, reusable_rate=0.7, ttft_mean=3.0,
                ttft_p50=2.0, ttft_p99=9.0, warm_requests=6, ttft_mean_warm=2.5,
