@@ -13,14 +13,19 @@ disk is shared and noisy, so the whole sequence runs in rounds and medians are s
 Restores read from disk, not the page cache: every file is fsynced and then dropped
 from the cache (posix_fadvise DONTNEED) before it is read back.
 
-    python benchmarks/bench_store.py [--dir DIR] [--context-tokens 32768] [--rounds 3]
+    python benchmarks/bench_store.py [--dir DIR] [--context-tokens 32768] [--rounds 3] \\
+        [--summary OUT.json]
+    python benchmarks/bench_store.py --report OUT.json [OUT2.json ...] [--into RESULTS_MD]
 
-Results and how they were measured: benchmarks/results_store.md.
+--summary saves the run's measurements; --report prints one table row per saved run
+(--into writes the table into the results file's 'store' block). Results and how they
+were measured: benchmarks/results_store.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import mmap
 import os
@@ -29,12 +34,15 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from histate_vllm.store import (
+from results_blocks import cpu_name, show_or_write  # noqa: E402
+
+from histate_vllm.store import (  # noqa: E402
     Read,
     SSDStore,
     StoreIdentity,
@@ -144,12 +152,27 @@ def main() -> None:
     p.add_argument("--buffered", action="store_true", help="store writes without O_DIRECT")
     p.add_argument("--read-ahead", type=int, default=4, help="restore reads in flight")
     p.add_argument("--io-threads", type=int, default=4, help="StoreWriter write threads")
+    p.add_argument("--summary", help="save the run's measurements here (JSON)")
+    p.add_argument("--report", nargs="+", metavar="SUMMARY_JSON",
+                   help="print the table of earlier runs' --summary files; run nothing")
+    p.add_argument("--into", metavar="RESULTS_MD",
+                   help="with --report: write it into the file's 'store' block")
     args = p.parse_args()
+    if args.report:
+        summaries = [json.loads(open(path).read()) for path in args.report]
+        show_or_write(report(summaries), args.into and Path(args.into), "store")
+        return
     work = tempfile.mkdtemp(prefix="bench_store-", dir=args.dir)
     try:
-        run(args, work)
+        summary = run(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(summary, f, indent=1)
+        print(report([summary]))
+        print(f"summary: {args.summary} (python benchmarks/bench_store.py --report "
+              f"{args.summary})")
 
 
 class Workload:
@@ -241,7 +264,7 @@ class Workload:
         return self.total / (time.perf_counter() - t), context_s, scan_s
 
 
-def run(args, work: str) -> None:
+def run(args, work: str) -> dict:
     w = Workload(args)
     print(f"disk: {work}")
     print(
@@ -311,6 +334,57 @@ def run(args, work: str) -> None:
         f" p99 {lat[int(len(lat) * 0.99)] * 1e6:.0f} us, max {lat[-1] * 1e6:.0f} us"
     )
     print(f"  start-up scan of this store: {med['scan_s'] * 1e3:.1f} ms")
+    return dict(settings={k: v for k, v in vars(args).items()
+                          if k not in ("dir", "summary", "report", "into")},
+                round_mib=w.total / MiB, chunks=w.n_chunks, chunk_mib=w.chunk_bytes / MiB,
+                context_chunks=len(w.checkpoint(args.states - 1)[1]), rounds=rows,
+                enqueue_us=[x * 1e6 for x in lat], cpus=os.cpu_count(), cpu=cpu_name())
+
+
+def _ratios(summary: dict) -> dict[str, float]:
+    """Medians (MiB/s) and ratios of one saved run, as the run printed them."""
+    rows = summary["rounds"]
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    best_w = [max(a, b) for a, b in zip(rows["direct_write"], rows["buffered_fsync_write"])]
+    best_r = [max(a, b) for a, b in zip(rows["direct_read"], rows["buffered_read"])]
+    raw_w = max(med["direct_write"], med["buffered_fsync_write"])
+    raw_r = max(med["direct_read"], med["buffered_read"])
+    lat = sorted(summary["enqueue_us"])
+    return dict(
+        raw_w=raw_w / MiB, store_w=med["store_write"] / MiB, w=med["store_write"] / raw_w,
+        w_round=statistics.median(s / r for s, r in zip(rows["store_write"], best_w)),
+        raw_r=raw_r / MiB, store_r=med["store_read"] / MiB, r=med["store_read"] / raw_r,
+        r_round=statistics.median(s / r for s, r in zip(rows["store_read"], best_r)),
+        context_s=med["context_s"], scan_ms=med["scan_s"] * 1e3, p50=lat[len(lat) // 2],
+        p99=lat[int(len(lat) * 0.99)], max=lat[-1])
+
+
+def report(summaries: list[dict]) -> str:
+    """The markdown table of saved runs (--summary), one row each."""
+    first = summaries[0]
+    a = first["settings"]
+    out = [f"One {a['context_tokens']:,}-token context a round: {first['chunks']} KV chunk "
+           f"files of {first['chunk_mib']:.1f} MiB and {a['states']} checkpoints of "
+           f"{a['state_mib']} MiB ({first['round_mib']:,.0f} MiB); raw references "
+           f"{a['raw_mib']} MiB each; {first['cpus']} CPUs ({first['cpu']}). MiB/s, medians "
+           "of the rounds; *per round*: the median of each round's own ratio.", "",
+           "| store | rounds | raw write (best of O_DIRECT / fsync'd buffered) | store write "
+           "| ratio | per round | raw read (best of O_DIRECT / cold buffered) "
+           "| store restore | ratio | per round | the context's restore (deepest state "
+           "+ its chunks) | enqueue p50 / p99 / max |",
+           "|---" * 12 + "|"]
+    for s in summaries:
+        a, r = s["settings"], _ratios(s)
+        label = (f"{a['io_threads']} writer thread{'s' * (a['io_threads'] > 1)}, "
+                 f"{a['read_ahead']} read{'s' * (a['read_ahead'] > 1)} in flight"
+                 + (", buffered writes" if a["buffered"] else "")
+                 + (", unaligned payloads" if a["unaligned"] else ""))
+        out.append(f"| {label} | {a['rounds']} | {r['raw_w']:,.0f} | {r['store_w']:,.0f} | "
+                   f"{r['w']:.0%} | {r['w_round']:.0%} | {r['raw_r']:,.0f} | "
+                   f"{r['store_r']:,.0f} | {r['r']:.0%} | {r['r_round']:.0%} | "
+                   f"{r['context_s']:.2f} s | {r['p50']:,.0f} / {r['p99']:,.0f} / "
+                   f"{r['max']:,.0f} us |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -63,9 +63,8 @@ def read_direct(fd: int, header_bytes: int, size: int, payload: memoryview) -> t
     page-aligned and hold `size - header_bytes` bytes. The page-aligned part comes straight
     into it (one request with the header), the last partial block through a bounce block.
 
-    Why: restores then skip the page cache, its copy and its memory. On this project's VM
-    disk, 4 parallel O_DIRECT reads restored at 0.50 of the raw read, 2 buffered ones at
-    0.21 (benchmarks/results_store.md)."""
+    Why: restores then skip the page cache, its copy and its memory (the store's restores
+    against the disk's raw reads: benchmarks/results_store.md)."""
     assert header_bytes == ALIGN
     n = size - header_bytes
     full = n - n % ALIGN

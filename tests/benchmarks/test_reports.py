@@ -115,6 +115,31 @@ def test_fleet(monkeypatch, tmp_path):
     assert "| round_robin |" in body and "| 5 / 5 |" in body
 
 
+def test_store_one_row_per_run(monkeypatch, tmp_path):
+    MiB = 1 << 20
+
+    def run(threads, ahead, store_w, store_r):
+        return dict(settings=dict(context_tokens=32768, states=4, state_mib=64, raw_mib=512,
+                                  rounds=2, io_threads=threads, read_ahead=ahead,
+                                  buffered=False, unaligned=False),
+                    round_mib=1030.0, chunks=86, chunk_mib=9.0, context_chunks=86,
+                    cpus=2, cpu="Test CPU", enqueue_us=[10.0] * 98 + [100.0, 900.0],
+                    rounds=dict(direct_write=[2000 * MiB] * 2,
+                                buffered_fsync_write=[1000 * MiB] * 2,
+                                direct_read=[1000 * MiB] * 2, buffered_read=[2000 * MiB] * 2,
+                                store_write=[store_w * MiB] * 2,
+                                store_read=[store_r * MiB] * 2, context_s=[0.5, 0.7],
+                                scan_s=[0.001] * 2))
+
+    _has_block("results_store.md", "store")
+    body = _report(monkeypatch, tmp_path, _bench("bench_store"), "store",
+                   [run(4, 4, 1600, 1000), run(1, 1, 1000, 500)])
+    assert body.startswith("One 32,768-token context a round: 86 KV chunk files of 9.0 MiB")
+    assert ("| 4 writer threads, 4 reads in flight | 2 | 2,000 | 1,600 | 80% | 80% | 2,000 "
+            "| 1,000 | 50% | 50% | 0.60 s | 10 / 900 / 900 us |") in body
+    assert "| 1 writer thread, 1 read in flight | 2 | 2,000 | 1,000 | 50% |" in body
+
+
 def test_weights_digest(monkeypatch, tmp_path):
     _has_block("results_weights_digest.md", "weights-digest")
     mod = _bench("bench_weights_digest")
