@@ -6,6 +6,16 @@ random but chosen so that the output really depends on the recurrent state: larg
 changes what the model says hundreds of tokens later, which is what makes the exactness
 tests able to fail.
 
+Speculative decoding (`bigram`): a random model's next token is a chaotic function of its
+whole context, so a draft (n-gram or MTP) is never right and speculative decoding only ever
+rejects. Scaling the token embeddings by `bigram` (about 250) makes the current token
+dominate the residual stream: the next token is mostly a fixed random function of it (a
+bigram table: the greedy output falls into cycles that n-gram lookup finds), and the
+recurrent state decides the rest (about 1 token in 5 here, and every logit moves with it: a
+state from another history moves the top logprobs by ~0.01-0.03, far outside vLLM's own
+noise). The MTP layer then drafts the bigram's next token from the next token's embedding
+(`_add_mtp`), right whenever the state does not intervene.
+
     python examples/build_tiny_model.py OUT_DIR
 """
 
@@ -89,41 +99,48 @@ def _slow_decay(model) -> None:
                 gdn.A_log.copy_(torch.empty_like(gdn.A_log).uniform_(1e-4, 2e-3).log())
 
 
-def build(out: str | Path, seed: int = 0, mtp: bool = False, **overrides) -> Path:
+def build(out: str | Path, seed: int = 0, mtp: bool = False, bigram: float = 0.0,
+          **overrides) -> Path:
     """Write config, random weights and tokenizer to `out` (idempotent). `mtp`: add one
     multi-token-prediction layer, as Qwen3-Next's checkpoints ship (vLLM's
-    `{"method": "mtp"}` speculative decoding drafts with it)."""
+    `{"method": "mtp"}` speculative decoding drafts with it). `bigram`: scale the token
+    embeddings by this much (see `_bigram`), so that drafts are often right."""
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     out = Path(out)
     marker = out / "histate_tiny.json"
     params = {**DEFAULTS, **overrides, "seed": seed, "decay": "slow-v1",
-              **({"mtp": 1} if mtp else {})}
+              **({"mtp": 1} if mtp else {}), **({"bigram": bigram} if bigram else {})}
     if marker.exists() and json.loads(marker.read_text()) == params:
         return out
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    cfg_kwargs = {k: v for k, v in params.items() if k not in ("seed", "decay", "mtp")}
+    cfg_kwargs = {k: v for k, v in params.items()
+                  if k not in ("seed", "decay", "mtp", "bigram")}
     config = Qwen3NextConfig(vocab_size=VOCAB_SIZE, bos_token_id=1, eos_token_id=1,
                              pad_token_id=1, **cfg_kwargs)
     model = Qwen3NextForCausalLM(config)
     _slow_decay(model)
+    if bigram:
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(bigram)
     model = model.to(torch.bfloat16)
     model.save_pretrained(out)
     if mtp:
-        _add_mtp(out, config.hidden_size)
+        _add_mtp(out, config.hidden_size, bigram)
     build_tokenizer(out)
     marker.write_text(json.dumps(params))
     return out
 
 
-def _add_mtp(out: Path, hidden: int) -> None:
+def _add_mtp(out: Path, hidden: int, bigram: float = 0.0) -> None:
     """What vLLM's Qwen3NextMTP loads: `num_nextn_predict_layers` in the config and
     `mtp.{fc,pre_fc_norm_embedding,pre_fc_norm_hidden,norm}` with `mtp.layers.0.*`, a
     full-attention decoder layer (here a copy of the model's attention layer and a random
     `fc` joining the next token's embedding to the hidden state); embeddings and head are
-    the model's. Random weights: its drafts are proposed and rejected."""
+    the model's. Random weights draft tokens that are never right; with `bigram`, `fc` passes
+    the next token's embedding on, and the drafts follow the bigram table."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -138,7 +155,10 @@ def _add_mtp(out: Path, hidden: int) -> None:
         if k.startswith(src):
             w["mtp.layers.0." + k[len(src):]] = v.clone()
     g = torch.Generator().manual_seed(1)
-    w["mtp.fc.weight"] = (torch.randn(hidden, 2 * hidden, generator=g) * 0.02).to(torch.bfloat16)
+    fc = torch.randn(hidden, 2 * hidden, generator=g) * 0.02
+    if bigram:  # the next token's (normalised) embedding, large enough to dominate the layer
+        fc[:, :hidden] += 30.0 * torch.eye(hidden)
+    w["mtp.fc.weight"] = fc.to(torch.bfloat16)
     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         w[f"mtp.{n}.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
     save_file(w, path, metadata={"format": "pt"})
@@ -150,8 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--initializer-range", type=float, default=DEFAULTS["initializer_range"])
     ap.add_argument("--mtp", action="store_true", help="add a multi-token-prediction layer")
+    ap.add_argument("--bigram", type=float, default=0.0,
+                    help="scale the token embeddings so drafts are often right (about 250)")
     args = ap.parse_args(argv)
-    path = build(args.out, seed=args.seed, mtp=args.mtp,
+    path = build(args.out, seed=args.seed, mtp=args.mtp, bigram=args.bigram,
                  initializer_range=args.initializer_range)
     print(path)
     return 0

@@ -45,6 +45,7 @@ import pytest
 
 from conftest import run_cold, run_engine
 from exactness import assert_caught, assert_same_as_alone, matches, measured_tolerance
+from tamper import swap_state
 
 pytestmark = pytest.mark.engine
 
@@ -351,29 +352,10 @@ def test_a_state_written_ahead_of_its_kv_restores_exactly(run_w, cold, tolerance
     assert ok, f"FORK (cached {fork['num_cached_tokens']}, {fork['restored']}): {why}"
 
 
-def _swap_state(store_root: Path, wanted_position: int) -> None:
-    """Replace the states of the checkpoint at `wanted_position` by another prefix's."""
-    from histate_vllm.store import SSDStore, StoreIdentity
-
-    (ident_file,) = store_root.glob("*/identity.json")
-    identity = msgspec.json.decode(ident_file.read_bytes(), type=StoreIdentity)
-    store = SSDStore(store_root, identity, budget_bytes=1 << 40)
-    index = store.scan()
-    victims = {k: c for k, c in index.checkpoints.items() if c.position == wanted_position}
-    donors = {k[-4:]: k for k, c in index.checkpoints.items() if c.position != wanted_position}
-    assert victims and donors
-    for key, info in victims.items():
-        donor = donors[key[-4:]]  # same state group, another prefix
-        payload = bytearray(index.checkpoints[donor].state_nbytes)
-        store.read_checkpoint(donor, memoryview(payload))
-        store.publish_checkpoint(key, payload, position=info.position,
-                                 chunk_keys=info.chunk_keys, provenance="negative-control")
-
-
 def test_negative_control_wrong_state_is_caught(tiny_model, ssm_dtype, work, run_x, cold, tolerance):
     """Restoring another prefix's state must fail the exactness comparison."""
     root = work / "ssd-tampered"
-    _swap_state(root, wanted_position=whole_blocks(len(A2) - 1, run_x.block_size))
+    swap_state(root, wanted_position=whole_blocks(len(A2) - 1, run_x.block_size))
     spec = _engine(
         tiny_model, ssm_dtype, dense_states=True,
         connector=dict(dram_bytes=2 * MiB, ssd_dir=str(root), ssd_bytes=64 * MiB),
@@ -393,7 +375,7 @@ def test_negative_control_wrong_state_under_a_gpu_hit_is_caught(tiny_model, ssm_
     root = work / "ssd-tampered-fork"
     bs = run_x.block_size
     fork_hit = whole_blocks(len(FORK) - 1, bs)  # FORK's own checkpoint, stored by X
-    _swap_state(root, wanted_position=fork_hit)
+    swap_state(root, wanted_position=fork_hit)
     run = run_engine(work, "Z2", _u_spec(tiny_model, ssm_dtype, root))
     assert run.returncode == 0, run.log[-4000:]
     fork = run["FORK"]
