@@ -108,6 +108,12 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         self._kv_cache_manager_ref = None
         # The price of a chunk end off vLLM's grid, measured from this engine's steps.
         self._step_cost = None
+        # vLLM's offload lookup without the drafter's block drop (_lookup_complete_chunks).
+        self._lookup_config = None
+        if (any(c.is_eagle_group for c in self.config.kv_group_configs)
+                and not getattr(self, "use_lookahead_block_hashes", False)):
+            self._lookup_config = self.config._replace(kv_group_configs=tuple(
+                c._replace(is_eagle_group=False) for c in self.config.kv_group_configs))
         if spec.histate.step_cost_tokens == "auto":
             self._step_cost = StepCost(
                 spec.layout.block_tokens, min_tokens=spec.layout.block_tokens,
@@ -168,6 +174,30 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
                          request.request_id, done, self.manager.capture_positions(request))
         return hit, is_async
 
+    def _lookup_complete_chunks(self, req_status, *args, **kwargs):
+        """vLLM's offload lookup, serving an EAGLE-type drafter's (MTP's) KV up to the hit.
+
+        Where block hashes cover only a block's own tokens (vLLM 0.32 and 0.33; 0.34 with
+        a connector hashes the token after each block too, `use_lookahead_block_hashes`),
+        vLLM matches one block past a hit in the drafter's group and drops it: the
+        drafter's KV at a block's last position was computed from the token after it,
+        which a prompt forking right there does not share. That costs a whole block on
+        every continuation whose previous answer did not fill the next block, and every
+        fork inside the block after a checkpoint. HiState serves the hit: at most the
+        drafter's KV of one position is stale, only where the prompt forks exactly at the
+        hit, and a stale drafter KV can only lower acceptance, as the target model
+        verifies every draft (vLLM's own stance for drafters it cannot see, and its
+        `disable_eagle_block_drop`). vLLM's drop while decoding, which keeps a volatile
+        drafter block out of the store, stays as it is.
+        """
+        if self._lookup_config is None:
+            return super()._lookup_complete_chunks(req_status, *args, **kwargs)
+        config, self.config = self.config, self._lookup_config
+        try:
+            return super()._lookup_complete_chunks(req_status, *args, **kwargs)
+        finally:
+            self.config = config
+
     # --- GPU hits first ---
 
     def bind_local_lookup(self, kv_cache_manager) -> bool:
@@ -202,7 +232,12 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         if diverged:
             kvm = self._kv_cache_manager_ref
             all_blocks, all_local, all_junction = kvm.get_computed_blocks(request, *bound)
-            start = self._divergent_start(request, all_local, local)
+            # vLLM's GPU lookup drops an EAGLE-type drafter's last block (0.32, 0.33):
+            # its group may cover less than the target's attention KV.
+            bt = self._layout.block_tokens
+            gpu_kv = min((len(blocks.blocks[g]) * bt for g in self._layout.kv_group_ids),
+                         default=local)
+            start = self._divergent_start(request, all_local, min(local, gpu_kv))
             if start is None:
                 blocks, local, junction, diverged = all_blocks, all_local, all_junction, False
             else:
@@ -224,31 +259,25 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         at or below it, the load starts one block before p (vLLM loads at least one token,
         and the state needs the KV of at least one block with it). Either way the load
         must be within what fits the free GPU blocks now, and every KV block from the
-        start to p must be readable here, and with an EAGLE-type drafter (MTP) its block
-        past p too: vLLM's lookup matches that block in the drafter's group and drops it
-        (`_lookup_complete_chunks`), so without it the hit falls a block short of p."""
+        start to p must be readable here (an EAGLE-type drafter's KV included: it is
+        served up to p, see `_lookup_complete_chunks`)."""
         status = self._req_status.get(request.request_id)
         if status is None or not self._layout.state_group_ids:
             return None
         bt = self._layout.block_tokens
         status.update_offload_keys()
-        state_keys, kv_keys, drafter_keys = [], [], []
+        state_keys, kv_keys = [], []
         for config, group in zip(self.config.kv_group_configs, status.group_states):
             is_state = config.group_idx in self._layout.state_group_ids
             (state_keys if is_state else kv_keys).append(group.offload_keys)
-            if config.group_idx in self._layout.drafter_group_ids:
-                drafter_keys.append(group.offload_keys)
         if not state_keys:
             return None
         top = (request.num_tokens - 1) // bt
-        top = min([top] + [len(keys) for keys in state_keys + kv_keys]
-                  + [len(keys) - 1 for keys in drafter_keys])
+        top = min([top] + [len(keys) for keys in state_keys + kv_keys])
         readable = self.manager.orch.readable
         limit = None
         for end in range(top, all_local // bt, -1):  # p = end * bt, deepest first
             if not all(readable(keys[end - 1]) for keys in state_keys):
-                continue
-            if not all(readable(keys[end]) for keys in drafter_keys):
                 continue
             start = min(attn_local // bt, end - 1)
             if start * bt <= all_local:

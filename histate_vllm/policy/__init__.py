@@ -35,7 +35,6 @@ def make_policy(
     max_intermediate: int = 16,
     chunk_tokens: int | None = None,
     step_cost_tokens: float = 0.0,
-    drop_back_tokens: int = 0,
     record: str | None = "",
     **options,
 ) -> PolicyCore:
@@ -51,8 +50,6 @@ def make_policy(
     chunk_tokens / step_cost_tokens: the engine's prefill chunk and the fixed cost of one more
         engine step in tokens of prefill; with both, checkpoints prefer the chunk ends the
         engine takes anyway (policy/chunk_grid.py). Unset: placed as if chunk ends were free.
-    drop_back_tokens: how far below its match the engine resumes a hit (one block with an
-        EAGLE-type drafter such as MTP; planner.py places fork points that far down).
     record: a file to record every call into (replay with record.replay); default: the
         HISTATE_POLICY_RECORD environment variable, if set.
     options: histate only: tau (s, GDS time scale; default: learned from reuse intervals),
@@ -74,8 +71,7 @@ def make_policy(
         kw = dict(name=name, budgets=budgets, block_tokens=block_tokens, interval=interval,
                   identity=identity, kv_groups=kv_groups, state_groups=state_groups,
                   learn_min_tokens=learn_min_tokens, max_intermediate=max_intermediate,
-                  chunk_tokens=chunk_tokens, step_cost_tokens=step_cost_tokens,
-                  drop_back_tokens=drop_back_tokens, **options)
+                  chunk_tokens=chunk_tokens, step_cost_tokens=step_cost_tokens, **options)
         inner = make_policy(clock=clock, record=None, **kw)
         return Recorder(inner, record, kw)  # type: ignore[return-value]
     if interval == "adaptive":
@@ -86,7 +82,7 @@ def make_policy(
         raise ValueError(f"interval must be 'adaptive' or a positive int, got {interval!r}")
     model = IntervalModel(block_tokens, fixed=fixed)
     planner = CapturePlanner(block_tokens, model, learn_min_tokens, max_intermediate,
-                             chunk_tokens, step_cost_tokens, drop_back_tokens)
+                             chunk_tokens, step_cost_tokens)
     budgets = dict(budgets or {})
     if name == "lru":
         return LRUPolicy(budgets, planner, clock, identity=identity, kv_groups=kv_groups,

@@ -19,14 +19,6 @@ re-chosen greedily under a mixture of the uniform prior and those depths, as man
 for themselves; then, given the engine's prefill chunk, moved onto the chunk ends it takes
 anyway where the engine step that saves is worth more than the recomputation it adds
 (chunk_grid.py). Every position is a multiple of the block size and > the resume point.
-
-With an EAGLE-type drafter (MTP), vLLM serves a hit at p only with the drafter's KV of the
-block past p, which it matches and then drops (`drop_back_tokens`, one block): a prompt
-that forks at m resumes at the block boundary a block below m. So each point known to be
-a fork (the prompt end, a boundary, the learned boundary) also gets the boundary a block
-below it: the point itself serves prompts that go on a block or more past it (a
-continuation, an edit further in), the one below serves prompts that fork right there (a
-resend, a sibling), as vLLM's own `replay_boundaries` retains both at a prompt end.
 """
 
 from __future__ import annotations
@@ -43,7 +35,6 @@ REUSED_END = "reused_end"
 LEARNED = "learned"
 BOUNDARY = "boundary"
 INTERVAL = "interval"
-DROP_BACK = "drop_back"
 
 
 @dataclass(slots=True)
@@ -57,16 +48,12 @@ class Plan:
 class CapturePlanner:
     def __init__(self, block_tokens: int, model: IntervalModel, learn_min_tokens: int = 512,
                  max_intermediate: int = 16, chunk_tokens: int | None = None,
-                 step_cost_tokens: float = 0.0, drop_back_tokens: int = 0):
+                 step_cost_tokens: float = 0.0):
         """chunk_tokens: the engine's prefill chunk (its step token budget); step_cost_tokens:
         the fixed cost of one more engine step, in tokens of prefill. With both, intermediate
         checkpoints move onto the chunk ends the engine takes anyway where that costs less
-        recomputation than the step it saves (chunk_grid.py). drop_back_tokens: how far
-        below its match the engine resumes (one block with an EAGLE-type drafter, else 0;
-        a multiple of the block size)."""
+        recomputation than the step it saves (chunk_grid.py)."""
         assert block_tokens > 0
-        assert drop_back_tokens >= 0 and drop_back_tokens % block_tokens == 0
-        self.drop_back = drop_back_tokens
         self.block_tokens = block_tokens
         self.model = model
         self.learn_min_tokens = learn_min_tokens
@@ -107,10 +94,6 @@ class CapturePlanner:
                 f"shared prefix {shared} is {shared - restorable} < {self.learn_min_tokens} "
                 f"tokens past restorable {restorable}: no learned boundary"
             )
-        if self.drop_back:
-            for p in [p for p, why in labels.items() if why != REUSED_END]:
-                if p - self.drop_back > start:
-                    labels.setdefault(p - self.drop_back, DROP_BACK)
         interval = 0
         length = end - start
         if length > bt:

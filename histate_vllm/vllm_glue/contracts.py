@@ -9,6 +9,7 @@ Supported: vLLM 0.32, 0.33 and 0.34 (`SUPPORTED`). What changed, and where HiSta
 | failed transfer jobs | `failed_recving` only | same as 0.32 | also `OffloadingWorkerMetadata.failed_jobs`, `mark_completed(job, success)` | `mark_completed` |
 | stats payload | counters, gauges, histograms | adds `set_info(...)`; `OffloadPromMetrics` reads `_info_keys` | same as 0.33 | `prom_metrics.HiStatePromMetrics`, `STATS_INFO` |
 | offload lookup sets `request.shared_prefix_boundary` | no | no | yes, on a hit a recurrent group cut | `OFFLOAD_JUNCTION`; the connector keeps it as the first chunk end |
+| EAGLE/MTP drafter's last block on a hit | dropped | dropped (lookahead block hashes, but not with a connector) | kept: block hashes include the next token (`use_lookahead_block_hashes`) | `HiStateConnectorScheduler._lookup_complete_chunks` keeps it where vLLM would drop it |
 
 Each row is detected from what the installed vLLM offers, not from its version string, so a
 patch release that backports a change is met too. A version outside `SUPPORTED` gets one

@@ -32,9 +32,6 @@ class CacheLayout:
     key_bytes: int
     # Tokens per block (equal for every group of a hybrid model in align mode).
     block_tokens: int
-    # Groups holding an EAGLE-type drafter's KV (MTP): vLLM matches one block past a hit in
-    # them and drops it, so a hit resumes one block below its match (policy/planner.py).
-    drafter_group_ids: frozenset[int] = frozenset()
 
     @property
     def kv_group_ids(self) -> tuple[int, ...]:
@@ -58,8 +55,6 @@ class CacheLayout:
             state_group_ids=state,
             key_bytes=max(_group_bytes_per_block(grp) for grp in groups),
             block_tokens=block_tokens.pop(),
-            drafter_group_ids=frozenset(
-                g for g, grp in zip(group_ids, groups) if getattr(grp, "is_eagle_group", False)),
         )
 
 

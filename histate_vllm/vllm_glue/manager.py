@@ -101,7 +101,6 @@ class HiStateManager(OffloadingManager):
             # "auto": one block until the connector has measured the engine's steps.
             step_cost_tokens=(layout.block_tokens if config.step_cost_tokens == "auto"
                               else config.step_cost_tokens),
-            drop_back_tokens=layout.block_tokens if layout.drafter_group_ids else 0,
             **({"keep_backups": True} if config.ssd_mirror else {}),
         )
         # KV cache events: where a request can resume, per tier (bookkeeping/resumable.py).

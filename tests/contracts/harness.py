@@ -41,6 +41,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 from histate_vllm.connector import HiStateConnector
 
 ATTN = "model.layers.3.self_attn.attn"
+# An EAGLE-type drafter's attention layer (MTP), in a KV cache group of its own.
+DRAFT = "mtp.layers.0.self_attn.attn"
 STATES = ("model.layers.0.linear_attn", "model.layers.1.linear_attn",
           "model.layers.2.linear_attn")
 EOS = 2047
@@ -73,28 +75,32 @@ def vllm_config(model: str, extra: dict, *, block_size: int, num_blocks: int,
     return config
 
 
-def allocations(aliased: bool) -> list[list[str]]:
+def allocations(aliased: bool, drafter: bool = False) -> list[list[str]]:
     """Layers by the allocation they share (vLLM overlays a hybrid model's groups)."""
+    extra = [[DRAFT]] if drafter else []
     if aliased:
-        return [[ATTN, STATES[0]], [STATES[1]], [STATES[2]]]
-    return [[name] for name in (ATTN, *STATES)]
+        return [[ATTN, STATES[0]], [STATES[1]], [STATES[2]]] + extra
+    return [[name] for name in (ATTN, *STATES)] + extra
 
 
-def layer_tensors(kv_config: KVCacheConfig, aliased: bool) -> dict[str, torch.Tensor]:
+def layer_tensors(kv_config: KVCacheConfig, aliased: bool,
+                  drafter: bool = False) -> dict[str, torch.Tensor]:
     """Each layer's [num_blocks, page] int8 cache, zeroed; aliased layers share one."""
     out = {}
-    for names in allocations(aliased):
+    for names in allocations(aliased, drafter):
         buf = torch.zeros(kv_config.num_blocks, kv_config.kv_cache_tensors[0].block_stride,
                           dtype=torch.int8)
         out.update(dict.fromkeys(names, buf))
     return out
 
 
-def kv_cache_config(block_size: int, num_blocks: int, *, aliased: bool) -> KVCacheConfig:
+def kv_cache_config(block_size: int, num_blocks: int, *, aliased: bool,
+                    drafter: bool = False) -> KVCacheConfig:
     """A hybrid model's two groups as vLLM builds them: one attention layer and three
     recurrent layers whose state pages are padded to the attention page. `aliased`: the
     attention layer shares its tensor with the first recurrent layer (vLLM's hybrid
-    allocation), else every layer has its own."""
+    allocation), else every layer has its own. `drafter`: a third group, an EAGLE-type
+    drafter's attention layer as vLLM marks it (`is_eagle_group`)."""
     attn = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=32,
                              dtype=torch.bfloat16)
     state = MambaSpec(block_size=block_size, shapes=((3, 64), (2, 16, 16)),
@@ -102,10 +108,13 @@ def kv_cache_config(block_size: int, num_blocks: int, *, aliased: bool) -> KVCac
                       page_size_padded=attn.page_size_bytes, mamba_cache_mode="align")
     pg = attn.page_size_bytes
     tensors = [KVCacheTensor(size=pg * num_blocks, layers=[name], layer_stride=pg * num_blocks,
-                             block_stride=pg) for names in allocations(aliased) for name in names]
+                             block_stride=pg)
+               for names in allocations(aliased, drafter) for name in names]
+    groups = [KVCacheGroupSpec([ATTN], attn), KVCacheGroupSpec(list(STATES), state)]
+    if drafter:
+        groups.append(KVCacheGroupSpec([DRAFT], attn, is_eagle_group=True))
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
-                         kv_cache_groups=[KVCacheGroupSpec([ATTN], attn),
-                                          KVCacheGroupSpec(list(STATES), state)])
+                         kv_cache_groups=groups)
 
 
 class Engine:
@@ -113,11 +122,13 @@ class Engine:
 
     def __init__(self, model: str, extra: dict, *, block_size: int = 256,
                  num_blocks: int = 64, step_tokens: int = 1024, aliased: bool = True,
-                 kv_events: bool = False):
+                 kv_events: bool = False, drafter: bool = False):
         self.bs = block_size
+        self.attn_layers = (ATTN, DRAFT) if drafter else (ATTN,)
         self.config = vllm_config(model, extra, block_size=block_size, num_blocks=num_blocks,
                                   step_tokens=step_tokens, kv_events=kv_events)
-        self.kv_config = kv_cache_config(block_size, num_blocks, aliased=aliased)
+        self.kv_config = kv_cache_config(block_size, num_blocks, aliased=aliased,
+                                         drafter=drafter)
         self.scheduler = Scheduler(
             vllm_config=self.config, kv_cache_config=self.kv_config,
             structured_output_manager=StructuredOutputManager(self.config),
@@ -125,7 +136,7 @@ class Engine:
         self.connector = self.scheduler.connector
         assert isinstance(self.connector, HiStateConnector)
         self.worker = HiStateConnector(self.config, KVConnectorRole.WORKER, self.kv_config)
-        self.tensors = layer_tensors(self.kv_config, aliased)
+        self.tensors = layer_tensors(self.kv_config, aliased, drafter)
         self.worker.register_kv_caches(self.tensors)
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(block_size, sha256)
@@ -241,24 +252,28 @@ class Engine:
             # vLLM advances num_computed_tokens when it schedules the step.
             start, end = r.num_computed_tokens - n, r.num_computed_tokens
             toks = list(r.all_token_ids)[:end]
-            attn_ids, state_ids = (list(b) for b in self._block_ids(req_id))
+            attn_ids, state_ids, *draft_ids = (list(b) for b in self._block_ids(req_id))
+            ids = {ATTN: attn_ids, DRAFT: draft_ids[0] if draft_ids else None}
             self.resumed.setdefault(req_id, start)
             if start and self.checked.get(req_id) != start:
-                self._check(req_id, toks, start, attn_ids, state_ids)
+                self._check(req_id, toks, start, ids, state_ids)
                 self.verified[req_id] = start
             if end <= r.num_prompt_tokens:
                 self.chunk_ends.setdefault(req_id, []).append(end)
             for j in range(start // bs, -(-end // bs)):
-                self._write(ATTN, attn_ids[j], toks[: min(end, (j + 1) * bs)])
+                for layer in self.attn_layers:
+                    self._write(layer, ids[layer][j], toks[: min(end, (j + 1) * bs)])
             run = state_ids[(end - 1) // bs]
             for name in STATES:
                 self._write(name, run, toks[:end])
             self.checked[req_id] = end
 
-    def _check(self, req_id: str, toks, start: int, attn_ids, state_ids) -> None:
+    def _check(self, req_id: str, toks, start: int, ids, state_ids) -> None:
         bs = self.bs
         for j in range(start // bs):
-            self._expect(ATTN, attn_ids[j], toks[: (j + 1) * bs], f"{req_id} KV block {j}")
+            for layer in self.attn_layers:
+                self._expect(layer, ids[layer][j], toks[: (j + 1) * bs],
+                             f"{req_id} KV block {j}")
         if start % bs == 0:  # a resume point: the running state is the one there
             block = state_ids[start // bs - 1]
             for name in STATES:
@@ -267,7 +282,7 @@ class Engine:
     def _expect(self, layer: str, block: int, toks, what: str) -> None:
         got = self.tensors[layer][block].numpy()
         want = page(toks, layer, got.size)
-        if layer != ATTN:  # a state page's padding is never written by vLLM either
+        if layer not in self.attn_layers:  # a state page's padding vLLM never writes
             content = self.kv_config.kv_cache_groups[1].kv_cache_spec.state_content_size_bytes
             got, want = got[:content], want[:content]
         if not np.array_equal(got, want):

@@ -151,14 +151,13 @@ def test_restores_are_exact(run_h, cold, name, method):
 
 
 def test_both_turns_resume_inside_a1(run_h, method):
-    """A2 reuses A1's prompt up to its last block boundary; so does the edit with n-gram
-    drafts. With an MTP (EAGLE-type) drafter vLLM drops a hit back one block (its draft
-    layer recomputes the block above: `replay_boundaries`, `eagle_proof_margin`), so the
-    edit resumes a block earlier, at a checkpoint HiState holds there."""
+    """A2 reuses A1's prompt up to its last block boundary, and so does the edit, with
+    either drafter. With MTP (an EAGLE-type drafter) vLLM 0.32 would drop such a hit back a
+    block, for want of the drafter's block past it (never filled: the edit forks inside
+    it); HiState serves its restores without that drop (`_lookup_complete_chunks`)."""
     bs = run_h.block_size
     assert run_h["A2"]["num_cached_tokens"] >= 3 * bs, run_h["A2"]
-    want = 3 * bs if method == "ngram" else 2 * bs
-    assert run_h["E"]["num_cached_tokens"] == want, run_h["E"]
+    assert run_h["E"]["num_cached_tokens"] == 3 * bs, run_h["E"]
 
 
 def _restart(model, method, work, run_h, name: str, root: str):

@@ -113,24 +113,3 @@ def test_the_first_message_end_is_a_checkpoint_inside_the_new_segment():
         10 * BT]
     assert p.plan(10 * BT + 1, 0, 0, 0, boundaries=[12 * BT]).positions == [10 * BT]
 
-
-def test_with_an_eagle_drafter_fork_points_keep_the_block_below():
-    """vLLM resumes an EAGLE-type (MTP) hit one block below its match: a prompt forking at
-    m reuses the state a block below m, so each known fork point keeps that one too."""
-    from histate_vllm.policy.planner import BOUNDARY, DROP_BACK, PROMPT_END
-
-    fixed = IntervalModel(BT, fixed=100 * BT)
-    plain = CapturePlanner(BT, fixed).plan(10 * BT + 1, 0, 0, 0, boundaries=[3 * BT + 10])
-    eagle = CapturePlanner(BT, fixed, drop_back_tokens=BT).plan(
-        10 * BT + 1, 0, 0, 0, boundaries=[3 * BT + 10])
-    assert plain.positions == [3 * BT, 10 * BT]
-    assert eagle.labels == {2 * BT: DROP_BACK, 3 * BT: BOUNDARY, 9 * BT: DROP_BACK,
-                            10 * BT: PROMPT_END}
-    # The learned boundary (the end of the longest cached prefix) as well.
-    p = CapturePlanner(BT, fixed, learn_min_tokens=BT, drop_back_tokens=BT)
-    labels = p.plan(20 * BT + 1, 2 * BT, 2 * BT, 8 * BT).labels
-    assert labels[8 * BT] == LEARNED and labels[7 * BT] == DROP_BACK
-    # Nothing at or below the resume point.
-    assert p.plan(10 * BT + 1, 9 * BT + 5, 9 * BT, 0).positions == [10 * BT]
-    with pytest.raises(AssertionError):
-        CapturePlanner(BT, fixed, drop_back_tokens=BT // 2)

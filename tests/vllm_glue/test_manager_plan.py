@@ -126,19 +126,3 @@ def test_client_breakpoints_are_planned_and_bad_ones_skipped(caplog):
     text = caplog.text
     assert "not token positions" in text and "must be a list" in text and "only the first" in text
 
-
-def test_a_drafter_group_plans_the_block_below_the_prompt_end():
-    """A layout with an EAGLE-type drafter's KV group (MTP) makes the manager plan for
-    vLLM's drop-back: the block below the prompt end is kept too."""
-    import dataclasses
-
-    cfg = HiStateConfig.from_extra_config({"dram_bytes": 100 * KEY, "step_cost_tokens": 0})
-    plans = []
-    for layout in (LAYOUT, dataclasses.replace(LAYOUT, drafter_group_ids=frozenset({0}))):
-        m = HiStateManager(layout, cfg, tokens_per_hash=BT, max_model_len=1 << 16)
-        r = Req("r", 3 * BT + 1)
-        m.register_request(r)
-        m.note_hit(r, 0, 0, None)
-        plans.append(m.capture_positions(r))
-    assert plans[0][-1] == 3 * BT and 2 * BT not in plans[0]
-    assert plans[1][-2:] == [2 * BT, 3 * BT]
