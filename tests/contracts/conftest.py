@@ -40,18 +40,27 @@ def tiny_model(tmp_path_factory) -> str:
     return str(build(tmp_path_factory.mktemp("model") / "tiny-qwen3-next"))
 
 
+@pytest.fixture(scope="session")
+def tiny_mtp_model(tmp_path_factory) -> str:
+    """The tiny model with a multi-token-prediction layer (an EAGLE-type drafter)."""
+    sys.path.insert(0, str(REPO / "examples"))
+    from build_tiny_model import build
+
+    return str(build(tmp_path_factory.mktemp("model") / "tiny-qwen3-next-mtp", mtp=True))
+
+
 @pytest.fixture
 def engines(tiny_model, tmp_path):
-    """make(**kw) -> a harness Engine on the tiny model's config and a store in tmp_path;
-    every engine made is closed at the end."""
+    """make(**kw) -> a harness Engine on the tiny model's config (or `model`) and a store
+    in tmp_path; every engine made is closed at the end."""
     from tests.contracts.harness import Engine
 
     made = []
 
-    def make(extra: dict | None = None, **kw):
+    def make(extra: dict | None = None, model: str | None = None, **kw):
         cfg = {"dram_bytes": 1 << 24, "ssd_dir": str(tmp_path / "ssd"), "ssd_bytes": 1 << 28}
         cfg.update(extra or {})
-        engine = Engine(tiny_model, cfg, **kw)
+        engine = Engine(model or tiny_model, cfg, **kw)
         made.append(engine)
         return engine
 

@@ -57,7 +57,7 @@ def page(tokens, layer: str, nbytes: int) -> np.ndarray:
 
 
 def vllm_config(model: str, extra: dict, *, block_size: int, num_blocks: int,
-                step_tokens: int, kv_events: bool = False):
+                step_tokens: int, kv_events: bool = False, speculative: dict | None = None):
     from vllm.config import KVEventsConfig
 
     args = EngineArgs(
@@ -69,6 +69,7 @@ def vllm_config(model: str, extra: dict, *, block_size: int, num_blocks: int,
             kv_role="kv_both", kv_connector_extra_config=extra),
         kv_events_config=(KVEventsConfig(enable_kv_cache_events=True, publisher="null")
                           if kv_events else None),
+        **({"speculative_config": speculative} if speculative else {}),
     )
     config = args.create_engine_config()
     config.cache_config.num_gpu_blocks = num_blocks
@@ -122,11 +123,13 @@ class Engine:
 
     def __init__(self, model: str, extra: dict, *, block_size: int = 256,
                  num_blocks: int = 64, step_tokens: int = 1024, aliased: bool = True,
-                 kv_events: bool = False, drafter: bool = False):
+                 kv_events: bool = False, drafter: bool = False,
+                 speculative: dict | None = None):
         self.bs = block_size
         self.attn_layers = (ATTN, DRAFT) if drafter else (ATTN,)
         self.config = vllm_config(model, extra, block_size=block_size, num_blocks=num_blocks,
-                                  step_tokens=step_tokens, kv_events=kv_events)
+                                  step_tokens=step_tokens, kv_events=kv_events,
+                                  speculative=speculative)
         self.kv_config = kv_cache_config(block_size, num_blocks, aliased=aliased,
                                          drafter=drafter)
         self.scheduler = Scheduler(
@@ -139,7 +142,10 @@ class Engine:
         self.tensors = layer_tensors(self.kv_config, aliased, drafter)
         self.worker.register_kv_caches(self.tensors)
         init_none_hash(sha256)
-        self._hasher = get_request_block_hasher(block_size, sha256)
+        # With an EAGLE-type drafter vLLM 0.34 hashes the token(s) after each block too.
+        lookahead = getattr(self.config, "num_hash_lookahead_tokens", 0)
+        self._hasher = get_request_block_hasher(block_size, sha256,
+                                                *([lookahead] if lookahead else []))
         self._n = 0
         self.tokens: dict[str, list[int]] = {}
         self.checked: dict[str, int] = {}  # request -> tokens its pages are written for

@@ -171,21 +171,24 @@ def test_offload_junction_is_the_first_chunk_end(engines, monkeypatch):
     assert e.resumed[c] == 5 * bs and e.verified[c] == 5 * bs
 
 
+@pytest.mark.parametrize("speculative", [False, True], ids=["marked-group", "mtp-config"])
 @pytest.mark.parametrize("reset", [True, False], ids=["from-dram", "gpu-first"])
-def test_drafter_kv_served_up_to_the_state(engines, reset):
+def test_drafter_kv_served_up_to_the_state(engines, tiny_mtp_model, reset, speculative):
     """An EAGLE-type drafter's KV group (MTP; `is_eagle_group`): a prompt that goes on
     from a stored prompt's end resumes at that prompt's last checkpoint, as without a
     drafter, although the drafter's block past it was never filled. Where block hashes
     cover only a block's own tokens, vLLM's offload lookup would want that block and drop
     back one (`_lookup_complete_chunks`); the pages of every group, the drafter's included,
     are checked at the resume point. `gpu-first`: the GPU still holds the prompt, and
-    HiState loads only what vLLM's GPU lookup leaves out."""
-    e = engines({"interval": 4096}, drafter=True)
+    HiState loads what vLLM's GPU lookup leaves out. `mtp-config`: the engine runs an MTP
+    speculative config, so vLLM's GPU lookup drops the drafter's block too (0.32, 0.33) or
+    every block hash covers the token after it (0.34's lookahead hashes)."""
+    spec = {"method": "mtp", "num_speculative_tokens": 1} if speculative else None
+    e = engines({"interval": 4096}, model=tiny_mtp_model, drafter=True, speculative=spec)
     bs = e.bs
     sched = e.connector.connector_scheduler
-    drops = any(c.is_eagle_group for c in sched.config.kv_group_configs) and not getattr(
-        sched, "use_lookahead_block_hashes", False)
-    assert (sched._lookup_config is not None) == drops
+    lookahead = getattr(e.config, "num_hash_lookahead_tokens", 0)
+    assert (sched._lookup_config is None) == bool(lookahead)
     a = tokens(6 * bs + 10, 11)
     e.run(a)  # its answer (2 tokens) leaves the drafter's block at 6 blocks unfilled
     if reset:
