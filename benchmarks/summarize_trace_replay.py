@@ -386,6 +386,43 @@ def comparison(reps: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
+GAP_RIVALS = (*ABLATIONS, "native best")
+
+
+def gap_sources(reps: dict[str, dict]) -> str:
+    """HiState's mean TTFT minus a rival's, split by request: those both policies resumed at
+    the same point with the same SSD read, where they differ only in when the closed loop
+    sent the request, what it queued behind and whether its KV was still on the GPU or came
+    from DRAM, and those where the two restored differently. Both parts are sums over every
+    request divided by their number, so they add up to the difference."""
+    names, arrs, rec = _runs(reps)
+    rows = ["| rival | HiState - it, mean ms | of which same hit and read | of which different "
+            "| requests decided differently | per order: HiState - it (same-hit part), ms |",
+            "|---|---|---|---|---|---|"]
+    for n in GAP_RIVALS:
+        if n not in arrs:
+            continue
+        pol = rec["native best name"] if n == "native best" else n
+        label = f"native best ({pol})" if n == "native best" else n
+        tot = same_t = 0.0
+        count = differ = 0
+        per = []
+        for k, h, o in zip(names, arrs["histate"], arrs[n]):
+            pr = reps[k]["per_request"]
+            same = ((np.asarray(pr["hit"]["histate"]) == np.asarray(pr["hit"][pol]))
+                    & (np.asarray(pr["ssd_mb"]["histate"]) == np.asarray(pr["ssd_mb"][pol])))
+            d = h - o
+            tot += d.sum()
+            same_t += d[same].sum()
+            count += len(d)
+            differ += int((~same).sum())
+            per.append(f"{d.mean() * 1e3:+.1f} ({d[same].sum() / len(d) * 1e3:+.1f})")
+        rows.append(f"| {label} | {tot / count * 1e3:+.2f} | {same_t / count * 1e3:+.2f} | "
+                    f"{(tot - same_t) / count * 1e3:+.2f} | {differ / count:.1%} | "
+                    f"{' / '.join(per)} |")
+    return "\n".join(rows)
+
+
 def headline(dirs: dict[str, Path]) -> str:
     """Per folder and replay: HiState, its best ablation, the best native setting and the
     best baseline, pooled means against Unlimited's."""
@@ -447,7 +484,9 @@ def folder(d: Path) -> str:
         if not reps:
             continue
         out += [f"#### {title}", "", f"{len(reps)} admission orders, pooled:", "",
-                comparison(reps), ""]
+                comparison(reps), "",
+                "Where HiState's difference to each ablation and to the native best comes "
+                "from:", "", gap_sources(reps), ""]
         jit = load(d, f"jitter-{kind}-s*.json")
         nz = noise(reps, jit, kind)
         if nz:
