@@ -399,6 +399,12 @@ def gap_sources(reps: dict[str, dict]) -> str:
     rows = ["| rival | HiState - it, mean ms | of which same hit and read | of which different "
             "| requests decided differently | per order: HiState - it (same-hit part), ms |",
             "|---|---|---|---|---|---|"]
+
+    def restored(k: str, pol: str) -> tuple[np.ndarray, np.ndarray]:
+        pr = reps[k]["per_request"]
+        return np.asarray(pr["hit"][pol]), np.asarray(pr["ssd_mb"][pol])
+
+    ours = {k: restored(k, "histate") for k in names}
     for n in GAP_RIVALS:
         if n not in arrs:
             continue
@@ -408,9 +414,8 @@ def gap_sources(reps: dict[str, dict]) -> str:
         count = differ = 0
         per = []
         for k, h, o in zip(names, arrs["histate"], arrs[n]):
-            pr = reps[k]["per_request"]
-            same = ((np.asarray(pr["hit"]["histate"]) == np.asarray(pr["hit"][pol]))
-                    & (np.asarray(pr["ssd_mb"]["histate"]) == np.asarray(pr["ssd_mb"][pol])))
+            (hit, ssd), (their_hit, their_ssd) = ours[k], restored(k, pol)
+            same = (hit == their_hit) & (ssd == their_ssd)
             d = h - o
             tot += d.sum()
             same_t += d[same].sum()

@@ -32,21 +32,22 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(mark)
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
+def _tiny(tmp_path_factory, name: str, **kw) -> str:
     sys.path.insert(0, str(REPO / "examples"))
     from build_tiny_model import build
 
-    return str(build(tmp_path_factory.mktemp("model") / "tiny-qwen3-next"))
+    return str(build(tmp_path_factory.mktemp("model") / name, **kw))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    return _tiny(tmp_path_factory, "tiny-qwen3-next")
 
 
 @pytest.fixture(scope="session")
 def tiny_mtp_model(tmp_path_factory) -> str:
     """The tiny model with a multi-token-prediction layer (an EAGLE-type drafter)."""
-    sys.path.insert(0, str(REPO / "examples"))
-    from build_tiny_model import build
-
-    return str(build(tmp_path_factory.mktemp("model") / "tiny-qwen3-next-mtp", mtp=True))
+    return _tiny(tmp_path_factory, "tiny-qwen3-next-mtp", mtp=True)
 
 
 @pytest.fixture
