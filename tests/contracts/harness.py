@@ -76,7 +76,7 @@ def vllm_config(model: str, extra: dict, *, block_size: int, num_blocks: int,
     return config
 
 
-def allocations(aliased: bool, drafter: bool = False) -> list[list[str]]:
+def allocations(aliased: bool, drafter: bool | str = False) -> list[list[str]]:
     """Layers by the allocation they share (vLLM overlays a hybrid model's groups)."""
     extra = [[DRAFT]] if drafter else []
     if aliased:
@@ -85,7 +85,7 @@ def allocations(aliased: bool, drafter: bool = False) -> list[list[str]]:
 
 
 def layer_tensors(kv_config: KVCacheConfig, aliased: bool,
-                  drafter: bool = False) -> dict[str, torch.Tensor]:
+                  drafter: bool | str = False) -> dict[str, torch.Tensor]:
     """Each layer's [num_blocks, page] int8 cache, zeroed; aliased layers share one."""
     out = {}
     for names in allocations(aliased, drafter):
@@ -96,12 +96,14 @@ def layer_tensors(kv_config: KVCacheConfig, aliased: bool,
 
 
 def kv_cache_config(block_size: int, num_blocks: int, *, aliased: bool,
-                    drafter: bool = False) -> KVCacheConfig:
+                    drafter: bool | str = False) -> KVCacheConfig:
     """A hybrid model's two groups as vLLM builds them: one attention layer and three
     recurrent layers whose state pages are padded to the attention page. `aliased`: the
     attention layer shares its tensor with the first recurrent layer (vLLM's hybrid
     allocation), else every layer has its own. `drafter`: a third group, an EAGLE-type
-    drafter's attention layer as vLLM marks it (`is_eagle_group`)."""
+    drafter's attention layer as vLLM marks it (`is_eagle_group`); "other-heads": with a
+    head layout of its own (same page size), so vLLM looks its blocks up apart from the
+    target's attention (an EAGLE head on another model's layout)."""
     attn = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=32,
                              dtype=torch.bfloat16)
     state = MambaSpec(block_size=block_size, shapes=((3, 64), (2, 16, 16)),
@@ -113,7 +115,10 @@ def kv_cache_config(block_size: int, num_blocks: int, *, aliased: bool,
                for names in allocations(aliased, drafter) for name in names]
     groups = [KVCacheGroupSpec([ATTN], attn), KVCacheGroupSpec(list(STATES), state)]
     if drafter:
-        groups.append(KVCacheGroupSpec([DRAFT], attn, is_eagle_group=True))
+        spec = attn if drafter is True else FullAttentionSpec(
+            block_size=block_size, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)
+        assert spec.page_size_bytes == attn.page_size_bytes
+        groups.append(KVCacheGroupSpec([DRAFT], spec, is_eagle_group=True))
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
                          kv_cache_groups=groups)
 
@@ -123,7 +128,7 @@ class Engine:
 
     def __init__(self, model: str, extra: dict, *, block_size: int = 256,
                  num_blocks: int = 64, step_tokens: int = 1024, aliased: bool = True,
-                 kv_events: bool = False, drafter: bool = False,
+                 kv_events: bool = False, drafter: bool | str = False,
                  speculative: dict | None = None):
         self.bs = block_size
         self.attn_layers = (ATTN, DRAFT) if drafter else (ATTN,)

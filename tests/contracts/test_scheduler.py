@@ -171,9 +171,11 @@ def test_offload_junction_is_the_first_chunk_end(engines, monkeypatch):
     assert e.resumed[c] == 5 * bs and e.verified[c] == 5 * bs
 
 
+@pytest.mark.parametrize("drafter", [True, "other-heads"], ids=["mtp", "other-heads"])
 @pytest.mark.parametrize("speculative", [False, True], ids=["marked-group", "mtp-config"])
 @pytest.mark.parametrize("reset", [True, False], ids=["from-dram", "gpu-first"])
-def test_drafter_kv_served_up_to_the_state(engines, tiny_mtp_model, reset, speculative):
+def test_drafter_kv_served_up_to_the_state(engines, tiny_mtp_model, reset, speculative,
+                                           drafter):
     """An EAGLE-type drafter's KV group (MTP; `is_eagle_group`): a prompt that goes on
     from a stored prompt's end resumes at that prompt's last checkpoint, as without a
     drafter, although the drafter's block past it was never filled. Where block hashes
@@ -184,7 +186,7 @@ def test_drafter_kv_served_up_to_the_state(engines, tiny_mtp_model, reset, specu
     speculative config, so vLLM's GPU lookup drops the drafter's block too (0.32, 0.33) or
     every block hash covers the token after it (0.34's lookahead hashes)."""
     spec = {"method": "mtp", "num_speculative_tokens": 1} if speculative else None
-    e = engines({"interval": 4096}, model=tiny_mtp_model, drafter=True, speculative=spec)
+    e = engines({"interval": 4096}, model=tiny_mtp_model, drafter=drafter, speculative=spec)
     bs = e.bs
     sched = e.connector.connector_scheduler
     lookahead = getattr(e.config, "num_hash_lookahead_tokens", 0)
@@ -196,3 +198,30 @@ def test_drafter_kv_served_up_to_the_state(engines, tiny_mtp_model, reset, specu
     b = e.run(a + tokens(300, 12))
     assert e.resumed[b] == 6 * bs
     assert e.verified[b] == 6 * bs  # every group's pages and the state, byte for byte
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["marked-group", "mtp-config"])
+@pytest.mark.parametrize("drafter", [True, "other-heads"], ids=["mtp", "other-heads"])
+def test_gpu_attention_hit_completed_with_a_drafter(engines, tiny_mtp_model, drafter,
+                                                    speculative):
+    """The GPU holds a shared prefix's attention KV but no state inside it, and the
+    connector holds a deeper state: the GPU serves its KV and the connector loads the rest
+    (`local_prefix_hit`). A drafter whose head layout differs from the target's is looked
+    up apart, and where vLLM drops its last block (0.32 for a group marked so, 0.33 under
+    an MTP config; 0.34 hashes the token after each block instead) its group covers one
+    block less: the GPU's share ends there. Without that bound vLLM's truncation of the hit
+    asserts on 0.32 and 0.33."""
+    spec = {"method": "mtp", "num_speculative_tokens": 1} if speculative else None
+    e = engines({"interval": 4096}, model=tiny_mtp_model, drafter=drafter, speculative=spec)
+    bs = e.bs
+    shared = tokens(3 * bs, 21)
+    f = shared + tokens(3 * bs + 10, 22)
+    a = shared + tokens(3 * bs + 10, 23)
+    e.run(f)  # stored: KV of 6 blocks and the state at 6 blocks
+    e.run(a)
+    e.scheduler.reset_prefix_cache()
+    a2 = e.run(a + tokens(40, 24))  # restored: the GPU holds the shared prefix, no state in it
+    assert e.resumed[a2] == 6 * bs
+    f2 = e.run(f + tokens(40, 25))
+    assert e.resumed[f2] == 6 * bs
+    assert e.verified[f2] == 6 * bs  # every group's pages and the state, byte for byte
