@@ -259,11 +259,19 @@ def _options(pairs: list[str]) -> dict:
         key, eq, val = p.partition("=")
         if not eq:
             raise SystemExit(f"--histate-option wants KEY=VALUE, got {p!r}")
-        try:
-            out[key.strip()] = float(val)
-        except ValueError:
-            out[key.strip()] = val
+        out[key.strip()] = _number(val.strip())
     return out
+
+
+def _number(val: str) -> int | float | str:
+    """An option's value: an int where it reads as one (counts such as max_intermediate),
+    else a float, else the string."""
+    for kind in (int, float):
+        try:
+            return kind(val)
+        except ValueError:
+            pass
+    return val
 
 
 def _clean(x):

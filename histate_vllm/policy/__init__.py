@@ -46,7 +46,8 @@ def make_policy(
         (the 4-byte suffix of every key). Unset: learned from admitted keys; until a state
         group has been seen no position is restorable. Attention-only model: state_groups=[].
     learn_min_tokens: a learned boundary needs a cached prefix this far past the restore point.
-    max_intermediate: cap on interval checkpoints per request (required ones always kept).
+    max_intermediate: cap on interval checkpoints per request (required ones always kept;
+        0: none).
     chunk_tokens / step_cost_tokens: the engine's prefill chunk and the fixed cost of one more
         engine step in tokens of prefill; with both, checkpoints prefer the chunk ends the
         engine takes anyway (policy/chunk_grid.py). Unset: placed as if chunk ends were free.

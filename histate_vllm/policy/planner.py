@@ -54,6 +54,9 @@ class CapturePlanner:
         checkpoints move onto the chunk ends the engine takes anyway where that costs less
         recomputation than the step it saves (chunk_grid.py)."""
         assert block_tokens > 0
+        if not isinstance(max_intermediate, int) or max_intermediate < 0:
+            raise ValueError(f"max_intermediate must be an int >= 0 (0: no interval "
+                             f"checkpoints), got {max_intermediate!r}")
         self.block_tokens = block_tokens
         self.model = model
         self.learn_min_tokens = learn_min_tokens
@@ -99,7 +102,9 @@ class CapturePlanner:
         if length > bt:
             interval = self.model.choose(length)
             points = list(range(start + interval, end, interval))
-            if len(points) > self.max_intermediate:
+            if not self.max_intermediate:
+                points = []
+            elif len(points) > self.max_intermediate:
                 step = len(points) / self.max_intermediate
                 points = [points[int(i * step)] for i in range(self.max_intermediate)]
                 notes.append(f"intermediate points capped at {self.max_intermediate}")

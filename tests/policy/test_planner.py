@@ -113,3 +113,12 @@ def test_the_first_message_end_is_a_checkpoint_inside_the_new_segment():
         10 * BT]
     assert p.plan(10 * BT + 1, 0, 0, 0, boundaries=[12 * BT]).positions == [10 * BT]
 
+
+
+def test_no_interval_checkpoints_when_capped_at_zero():
+    p = CapturePlanner(BT, IntervalModel(BT, fixed=2 * BT), max_intermediate=0)
+    plan = p.plan(num_prompt_tokens=20 * BT + 1, hit_tokens=0, restorable=0, shared=0)
+    assert plan.positions == [20 * BT]  # the prompt end only
+    for bad in (-1, 1.5, None):
+        with pytest.raises(ValueError, match="max_intermediate"):
+            CapturePlanner(BT, IntervalModel(BT), max_intermediate=bad)

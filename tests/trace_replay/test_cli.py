@@ -65,3 +65,16 @@ def test_synth_then_simulate_the_saved_workload(tmp_path, capsys):
 def test_simulate_rejects_unknown_policies():
     with pytest.raises(SystemExit):
         main(["simulate", "--synth", "append", "--policies", "histate,magic"])
+
+
+def test_histate_options_keep_integer_counts(tmp_path):
+    """--histate-option max_intermediate=0 reaches the planner as the int it must be (a
+    float there raised a TypeError deep in a worker process)."""
+    out = tmp_path / "opt.json"
+    assert main(["simulate", "--synth", "mutation:p=0.5,n_sessions=2,turns=3,new_tokens=2048",
+                 "--policies", "histate", "--histate-option", "max_intermediate=0",
+                 "--histate-option", "tau=300", "--json", str(out), "--no-progress",
+                 "--jobs", "1"]) == 0
+    opts = json.loads(out.read_text())["settings"]["core_options"]
+    assert opts == {"max_intermediate": 0, "tau": 300}
+    assert isinstance(opts["max_intermediate"], int)
