@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chunk-tokens", type=int, help="prefill chunk (default: per device)")
     s.add_argument("--mfu", type=float, help="override the device's sustained fraction")
     s.add_argument("--histate-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="option of HiState's policy core, e.g. tau=3600 (repeatable)")
+                   help="option of HiState's policy, e.g. tau=3600 or max_intermediate=0 "
+                        "(repeatable; histate_vllm/policy/options.py lists them)")
     s.add_argument("--ssd-writes", choices=["charged", "free"], default="charged",
                    help="charged (default): SSD writes share the drive with restores through "
                         "the engine's bounded write queue, which drops what does not fit; "
@@ -254,18 +255,27 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def _options(pairs: list[str]) -> dict:
+    """--histate-option KEY=VALUE pairs, checked against the policy core's options."""
+    from histate_vllm.policy import check_options
+
     out = {}
     for p in pairs:
         key, eq, val = p.partition("=")
         if not eq:
             raise SystemExit(f"--histate-option wants KEY=VALUE, got {p!r}")
-        out[key.strip()] = _number(val.strip())
+        out[key.strip()] = _value(val.strip())
+    try:
+        check_options(out)
+    except ValueError as e:
+        raise SystemExit(f"--histate-option: {e}") from None
     return out
 
 
-def _number(val: str) -> int | float | str:
-    """An option's value: an int where it reads as one (counts such as max_intermediate),
-    else a float, else the string."""
+def _value(val: str) -> bool | int | float | str:
+    """An option's value: true/false, an int where it reads as one, else a float, else
+    the string (which the check then names)."""
+    if val.lower() in ("true", "false"):
+        return val.lower() == "true"
     for kind in (int, float):
         try:
             return kind(val)

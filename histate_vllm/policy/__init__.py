@@ -15,6 +15,7 @@ from .events import Event, decode_events, encode_events
 from .explain import explain_log
 from .interval import IntervalModel
 from .lru import LRUPolicy
+from .options import OPTIONS, check_options
 from .planner import CapturePlanner, Plan
 from .types import Admission, Hit, Item, Kind, Tier, key_group, make_key
 
@@ -91,6 +92,7 @@ def make_policy(
     if name == "histate":
         from .core import HiStatePolicy
 
+        check_options(options)
         return HiStatePolicy(budgets, planner, clock, identity=identity, kv_groups=kv_groups,
                              state_groups=state_groups, **options)
     raise ValueError(f"unknown policy {name!r}; valid: {list(POLICIES)}")
@@ -99,6 +101,7 @@ def make_policy(
 __all__ = [
     "Admission",
     "CapturePlanner",
+    "OPTIONS",
     "Event",
     "Hit",
     "IntervalModel",
@@ -111,6 +114,7 @@ __all__ = [
     "Tier",
     "decode_events",
     "encode_events",
+    "check_options",
     "explain_log",
     "key_group",
     "make_key",

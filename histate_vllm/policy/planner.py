@@ -54,9 +54,10 @@ class CapturePlanner:
         checkpoints move onto the chunk ends the engine takes anyway where that costs less
         recomputation than the step it saves (chunk_grid.py)."""
         assert block_tokens > 0
-        if not isinstance(max_intermediate, int) or max_intermediate < 0:
-            raise ValueError(f"max_intermediate must be an int >= 0 (0: no interval "
-                             f"checkpoints), got {max_intermediate!r}")
+        for name, v in (("max_intermediate", max_intermediate),
+                        ("learn_min_tokens", learn_min_tokens)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
         self.block_tokens = block_tokens
         self.model = model
         self.learn_min_tokens = learn_min_tokens

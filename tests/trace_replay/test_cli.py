@@ -78,3 +78,17 @@ def test_histate_options_keep_integer_counts(tmp_path):
     opts = json.loads(out.read_text())["settings"]["core_options"]
     assert opts == {"max_intermediate": 0, "tau": 300}
     assert isinstance(opts["max_intermediate"], int)
+
+
+@pytest.mark.parametrize("option, named", [
+    ("tau=-5", "tau must be seconds > 0"),
+    ("terminal_reuse=1.5", "terminal_reuse must be a probability"),
+    ("keep_backups=maybe", "keep_backups must be true or false"),
+    ("max_intermediate=2.5", "max_intermediate must be an int"),
+    ("bogus=1", "unknown option 'bogus'"),
+    ("tau", "wants KEY=VALUE"),
+])
+def test_bad_histate_options_are_named_before_any_run(option, named):
+    with pytest.raises(SystemExit, match=named):
+        main(["simulate", "--synth", "append", "--policies", "histate",
+              "--histate-option", option, "--no-progress", "--jobs", "1"])
