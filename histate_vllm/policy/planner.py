@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from .chunk_grid import on_chunk_grid
 from .forks import ForkDepths, place, prior
 from .interval import IntervalModel
+from .options import check_options
 
 PROMPT_END = "prompt_end"
 REUSED_END = "reused_end"
@@ -54,10 +55,8 @@ class CapturePlanner:
         checkpoints move onto the chunk ends the engine takes anyway where that costs less
         recomputation than the step it saves (chunk_grid.py)."""
         assert block_tokens > 0
-        for name, v in (("max_intermediate", max_intermediate),
-                        ("learn_min_tokens", learn_min_tokens)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        check_options({"max_intermediate": max_intermediate,
+                       "learn_min_tokens": learn_min_tokens})
         self.block_tokens = block_tokens
         self.model = model
         self.learn_min_tokens = learn_min_tokens
