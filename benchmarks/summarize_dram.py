@@ -57,7 +57,7 @@ def table(d: Path) -> str:
         for p in POLICIES:
             m = pooled(reps, p).mean()
             cells.append(f"{m:.4f} ({(m / unl - 1) * 100:+.1f}%)")
-        read = np.mean([r["histate"]["stats"]["ssd_read_gb"] for r in reps])
+        read = np.mean([r["histate"]["restored_ssd_gb"] for r in reps])  # the main tables' column
         rec = np.mean([r["histate"]["recovery"] for r in reps])
         rows.append(f"| {gib} | {len(reps)} | {' | '.join(cells)} | "
                     f"{appends(reps, 'histate'):.3f} / {appends(reps, 'unlimited-host'):.3f} | "

@@ -15,7 +15,7 @@ from summarize_dram import POLICIES, table  # noqa: E402
 
 def _report(ttft: dict[str, list[float]], read_gb: float, recovery: float) -> dict:
     return {"per_request": {"ttft": ttft, "class": ["append", "cold"]},
-            "histate": {"stats": {"ssd_read_gb": read_gb}, "recovery": recovery}}
+            "histate": {"restored_ssd_gb": read_gb, "recovery": recovery}}
 
 
 def test_orders_pooled_per_size(tmp_path):

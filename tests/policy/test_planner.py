@@ -114,7 +114,6 @@ def test_the_first_message_end_is_a_checkpoint_inside_the_new_segment():
     assert p.plan(10 * BT + 1, 0, 0, 0, boundaries=[12 * BT]).positions == [10 * BT]
 
 
-
 def test_no_interval_checkpoints_when_capped_at_zero():
     p = CapturePlanner(BT, IntervalModel(BT, fixed=2 * BT), max_intermediate=0)
     plan = p.plan(num_prompt_tokens=20 * BT + 1, hit_tokens=0, restorable=0, shared=0)
