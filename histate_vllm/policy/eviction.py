@@ -279,13 +279,18 @@ class Evictor:
                 self._compact(t)
 
     def _compact(self, t: int) -> None:
+        # Keep only what next_unit / next_copy would not skip as stale: an entry of a pruned
+        # node or a forgotten key keeps its version, and left in, every flush after a mass
+        # removal compacted the whole heap again.
         h = self.heaps[t]
         if len(h) > 2 * self.n_units + 1024:
-            self.heaps[t] = [x for x in h if x[3].hver[t] == x[2]]
+            self.heaps[t] = [x for x in h if x[3].hver[t] == x[2] and not x[3].gone]
             heapq.heapify(self.heaps[t])
         s = self.sheaps[t]
-        if len(s) > 2 * len(self.index.entries) + 1024:
-            self.sheaps[t] = [x for x in s if x[4].sver[t] == x[3]]
+        entries = self.index.entries
+        if len(s) > 2 * len(entries) + 1024:
+            self.sheaps[t] = [x for x in s
+                              if x[4].sver[t] == x[3] and entries.get(x[4].key) is x[4]]
             heapq.heapify(self.sheaps[t])
 
     # -- candidates ---------------------------------------------------------------------------
