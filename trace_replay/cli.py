@@ -25,11 +25,11 @@ ALL = "all"
 
 
 def _policy_list(text: str) -> list[str]:
-    from .policies import POLICIES
+    from .policies import ORACLES, POLICIES
 
     names = [p.strip() for p in text.split(",") if p.strip()]
     if names == [ALL]:
-        return list(POLICIES)
+        return [p for p in POLICIES if p not in ORACLES]
     bad = [n for n in names if n not in POLICIES]
     if bad:
         raise argparse.ArgumentTypeError(f"unknown policies {bad}; valid: {', '.join(POLICIES)}")

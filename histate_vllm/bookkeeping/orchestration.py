@@ -230,6 +230,21 @@ class Orchestrator:
         if keys:
             self.policy.hit(keys, copies=False)
 
+    def discard(self, keys: Iterable[bytes], reason: str) -> int:
+        """Drop every committed copy of `keys` (the simulator's dead-data oracle: nothing
+        will read them again); pinned keys stay. Returns how many keys lost copies."""
+        policy, n = self.policy, 0
+        for key in keys:
+            if key not in self.entries or policy.pinned(key):
+                continue
+            tiers = policy.where(key)
+            for tier in tiers:
+                policy.remove(key, tier, reason)
+                self._drop(key, tier)
+            n += bool(tiers)
+        self.apply_demotions()  # states a lost KV chunk took along
+        return n
+
     def planned(self, request_id: str) -> list[int] | None:
         """The request's capture plan if made, without the inputs `plan` needs."""
         return self._planned.get(request_id)

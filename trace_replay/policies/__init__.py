@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import PolicyContext, SimPolicy
 from .histate import AlignAblation, Fixed32Ablation, HiState, LruDiskAblation, MirrorAblation
+from .oracle import DeadDataOracle
 from .sglang import SglangHiCache, SglangHiCacheChunks
 from .unlimited import Unlimited, UnlimitedHost
 from .vllm import NATIVE as _NATIVE
@@ -13,9 +14,11 @@ _CLASSES: dict[str, type[SimPolicy]] = {
     c.name: c
     for c in (HiState, VllmMarconi, VllmCpu, VllmDisk, SglangHiCache, Unlimited, UnlimitedHost,
               AlignAblation, Fixed32Ablation, LruDiskAblation, MirrorAblation,
-              VllmDiskAlign, SglangHiCacheChunks, *_NATIVE)
+              VllmDiskAlign, SglangHiCacheChunks, *_NATIVE, DeadDataOracle)
 }
 POLICIES = tuple(_CLASSES)
+# References that know the replay's future: run only when named (not by "all").
+ORACLES = (DeadDataOracle.name,)
 BASELINES = ("vllm-marconi", "vllm-cpu", "vllm-disk", "sglang-hicache")
 VARIANTS = ("vllm-disk-align", "sglang-hicache-chunks")  # ambiguous baselines, side by side
 ABLATIONS = ("align", "fixed-32", "lru-disk", "histate-mirror")
@@ -31,4 +34,4 @@ def make(name: str, ctx: PolicyContext) -> SimPolicy:
     return cls(ctx)
 
 
-__all__ = ["ABLATIONS", "BASELINES", "NATIVE", "VARIANTS", "POLICIES", "PolicyContext", "SimPolicy", "make"]
+__all__ = ["ORACLES", "ABLATIONS", "BASELINES", "NATIVE", "VARIANTS", "POLICIES", "PolicyContext", "SimPolicy", "make"]

@@ -86,5 +86,8 @@ class SimPolicy(ABC):
     def finished(self, job: Job) -> None:
         pass
 
+    def bind_replay(self, replay) -> None:
+        """The whole replay, before it starts (only references that know the future use it)."""
+
     def stats(self) -> dict:
         return {}

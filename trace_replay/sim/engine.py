@@ -219,6 +219,9 @@ class Simulator:
         self.chunk_tokens = chunk_tokens or cost.device.chunk_tokens
         self.charge_chunk_ends = charge_chunk_ends
         self.extra_steps = 0
+        bind = getattr(policy, "bind_replay", None)  # references that know the future
+        if bind is not None:
+            bind(replay)
 
     def forced_steps(self, job: Job) -> int:
         """Steps the request's checkpoints add to vLLM's split of its prefill: each one
