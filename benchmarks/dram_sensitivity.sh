@@ -9,8 +9,9 @@
 # Writes OUT_DIR/dram-GGG-sS.json per DRAM size (GiB) and admission order. Policies: HiState,
 # the best ablation on the raw replay (fixed-32), vLLM 0.34's native offloading at the
 # retention interval best on the raw replay (64 blocks), and Unlimited-host (no capacity
-# limit; it does not depend on the size). Wall time on 2 cores: about 6 minutes for weka/,
-# 20 for weka-more/.
+# limit; it does not depend on the size), and histate-oracle (HiState that drops what no later
+# request uses: how much of the rest is capacity spent on dead data). Wall time on 2 cores:
+# about 8 minutes for weka/, 25 for weka-more/.
 set -euo pipefail
 weka=${1:?WEKA_DIR}; out=${2:?OUT_DIR}; raw=${3:-3}
 cd "$(dirname "$0")/.."
@@ -19,7 +20,8 @@ mkdir -p "$out"
 for gib in 96 192 384; do
     for ((s = 0; s < raw; s++)); do
         "$py" -m trace_replay simulate --jobs 2 --no-progress \
-            --policies histate,fixed-32,vllm034-lru-r64,unlimited-host --dram-gib "$gib" \
+            --policies histate,fixed-32,vllm034-lru-r64,unlimited-host,histate-oracle \
+            --dram-gib "$gib" \
             "$weka" --format weka --seed "$s" --max-delay none --max-context 0 \
             --json "$out/dram-$gib-s$s.json" >/dev/null
     done

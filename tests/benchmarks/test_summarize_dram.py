@@ -15,7 +15,8 @@ from summarize_dram import POLICIES, table  # noqa: E402
 
 def _report(ttft: dict[str, list[float]], read_gb: float, recovery: float) -> dict:
     return {"per_request": {"ttft": ttft, "class": ["append", "cold"]},
-            "histate": {"restored_ssd_gb": read_gb, "recovery": recovery}}
+            "histate": {"restored_ssd_gb": read_gb, "recovery": recovery},
+            "histate-oracle": {"recovery": 1.0}}
 
 
 def test_orders_pooled_per_size(tmp_path):
@@ -27,7 +28,8 @@ def test_orders_pooled_per_size(tmp_path):
     cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
     # 96 GiB: HiState's 4 requests average 3.0 s against Unlimited's 2.0 s; appends 1.5 s.
     assert cells[0][:3] == ["96", "2", "3.0000 (+50.0%)"]
-    assert cells[0][6:] == ["1.500 / 1.000", "15", "50.0%"]
+    assert cells[0][6] == "2.0000 (+0.0%)"  # the oracle
+    assert cells[0][7:] == ["1.500 / 1.000", "15", "50.0% (100.0%)"]
     assert cells[1][:3] == ["192", "1", "2.0000 (+0.0%)"]
 
 
