@@ -52,8 +52,9 @@ def shares(wl: Workload) -> dict[str, float]:
             if p * wl.block_size <= (s.requests[k].message_end or 0) + wl.block_size:
                 at_first += len(gone)
     total = ended + replaced + shared
-    return {"blocks": total,
-            "KV TB (Qwen3.5-9B)": total * wl.block_size * QWEN35_9B.kv_bytes_per_token / 1e12, "last read by the session's final request": ended / total,
+    tb = total * wl.block_size * QWEN35_9B.kv_bytes_per_token / 1e12
+    return {"blocks": total, "KV TB (Qwen3.5-9B)": tb,
+            "last read by the session's final request": ended / total,
             "last read before it (replaced)": replaced / total,
             "read by several sessions": shared / total,
             "replaced at or inside the first message": at_first / max(replaced, 1)}

@@ -34,4 +34,5 @@ def make(name: str, ctx: PolicyContext) -> SimPolicy:
     return cls(ctx)
 
 
-__all__ = ["ORACLES", "ABLATIONS", "BASELINES", "NATIVE", "VARIANTS", "POLICIES", "PolicyContext", "SimPolicy", "make"]
+__all__ = ["ABLATIONS", "BASELINES", "NATIVE", "ORACLES", "VARIANTS", "POLICIES",
+           "PolicyContext", "SimPolicy", "make"]
