@@ -45,12 +45,11 @@ def shares(wl: Workload) -> dict[str, float]:
         # Blocks a prompt drops from the one before it, by where the two part.
         for k in range(1, len(prompts)):
             old, new = prompts[k - 1], prompts[k]
-            p = 0
-            while p < min(len(old), len(new)) and old[p] == new[p]:
+            p, n = 0, min(len(old), len(new))
+            while p < n and old[p] == new[p]:
                 p += 1
-            gone = [b for b in old[p:] if last[b] == k - 1 and len(users[b]) == 1]
             if p * wl.block_size <= (s.requests[k].message_end or 0) + wl.block_size:
-                at_first += len(gone)
+                at_first += sum(1 for b in old[p:] if last[b] == k - 1 and len(users[b]) == 1)
     total = ended + replaced + shared
     tb = total * wl.block_size * QWEN35_9B.kv_bytes_per_token / 1e12
     return {"blocks": total, "KV TB (Qwen3.5-9B)": tb,
