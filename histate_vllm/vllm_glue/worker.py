@@ -33,7 +33,6 @@ place (see `streams`):
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
@@ -62,7 +61,7 @@ from histate_vllm.store import (
 )
 from histate_vllm.store import reset as store_reset
 from histate_vllm.store.threads import executor, start_thread
-from histate_vllm.vllm_glue import contracts
+from histate_vllm.vllm_glue.seam.worker import job_blocks, swap_blocks_batch
 from histate_vllm.vllm_glue.transfer_specs import (
     HiStateLoadSpec,
     HiStateStoreSpec,
@@ -74,21 +73,12 @@ from histate_vllm.vllm_glue.transfer_specs import (
 logger = init_logger(f"vllm.{__name__}")  # under vllm: its log level and format apply
 
 
-def _vllm_swap_op(device: torch.device):
+def _swap_op(device: torch.device):
     """vLLM's batched page copy (`swap_blocks_batch`) on a GPU where vLLM built it; its
     memmove twin on a CPU (one call per page, in the step, as vLLM's would be)."""
     if device.type == "cpu":
         return host_swap_blocks_batch
-    if device.type != "cuda":
-        return None
-    try:
-        from vllm import _custom_ops as ops
-
-        if hasattr(torch.ops._C_cache_ops, "swap_blocks_batch"):
-            return ops.swap_blocks_batch
-    except (ImportError, AttributeError, RuntimeError):
-        pass
-    return None
+    return swap_blocks_batch(device)
 
 
 class HiStateWorker(OffloadingWorker):
@@ -118,7 +108,7 @@ class HiStateWorker(OffloadingWorker):
         self.dram = self._pool.tensor
         self._dram_np = self._pool.array
         self.key_bytes = key_bytes
-        self.copier = copier or PageCopier(self._groups, swap_fn=_vllm_swap_op(device))
+        self.copier = copier or PageCopier(self._groups, swap_fn=_swap_op(device))
         self._store_stream, self._load_stream = streams or (
             transfer_stream(device), transfer_stream(device)
         )
@@ -147,6 +137,11 @@ class HiStateWorker(OffloadingWorker):
         self._ssd_queue: deque[SSDWrite | SSDDelete | SSDReset] = deque()
         self._loads: dict[int, SSDLoad] = {}
         self._finished: list[TransferResult] = []  # failed by `wait` (timed out)
+        # Set by a vLLM worker that takes every job as a success (0.32, 0.33; see
+        # seam.worker): a failed job is then handed over as done and named in
+        # `take_failed_jobs`.
+        self.failures_as_done = False
+        self._failed_jobs: list[int] = []
         # SSD outcomes for the scheduler: key -> written?, and keys found unusable.
         self.ssd_written: dict[bytes, bool] = {}
         self.ssd_lost: set[bytes] = set()
@@ -173,13 +168,9 @@ class HiStateWorker(OffloadingWorker):
 
     def _parts(self, spec, slots):
         """(group index, block ids, slots) per group of a job, from the job's key order.
-        `spec`: the job's GPU side, as this vLLM hands it (see `contracts`)."""
-        if contracts.is_device_pointers(spec):
-            group_sizes, block_ids = blocks_from_pointers(
-                self._groups, spec.ptrs, spec.sizes, spec.group_block_counts,
-                spec.group_data_ref_counts)
-        else:
-            group_sizes, block_ids = spec.group_sizes, spec.block_ids
+        `spec`: the job's GPU side, as this vLLM hands it (see `seam.worker.job_blocks`)."""
+        group_sizes, block_ids = job_blocks(
+            spec, lambda *pointers: blocks_from_pointers(self._groups, *pointers))
         parts, start = [], 0
         for g, size in enumerate(group_sizes):
             if size:
@@ -347,7 +338,15 @@ class HiStateWorker(OffloadingWorker):
             self._close_retired_rings()
         self._pass_ssd_writes()
         self.poll_ssd()
+        if self.failures_as_done:
+            self._failed_jobs.extend(r.job_id for r in done if not r.success)
+            done = [r if r.success else TransferResult(r.job_id, True) for r in done]
         return done
+
+    def take_failed_jobs(self) -> list[int]:
+        """Jobs that failed, handed to vLLM as done since the last call (vLLM 0.32, 0.33)."""
+        failed, self._failed_jobs = self._failed_jobs, []
+        return failed
 
     def _ssd_result(self, job_id: int, job: SSDLoad) -> TransferResult | None:
         """The job's outcome once its reads are over and its queued copies have finished."""

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from histate_vllm.vllm_glue import contracts
+from tests.contracts.test_capabilities import expect
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -86,7 +86,7 @@ def test_failed_load_is_recomputed(engines):
     assert e2.resumed[c] == 0  # recomputed from the start, exactly (the model checks)
     failed = [o for o in e2.outputs if o.failed_recving]
     assert failed and c in failed[0].failed_recving
-    if contracts.FAILED_JOBS:
+    if expect("FAILED_JOBS"):
         jobs = [o.kv_connector_worker_meta.failed_jobs for o in e2.outputs
                 if o.kv_connector_worker_meta is not None
                 and o.kv_connector_worker_meta.failed_jobs]
@@ -132,12 +132,12 @@ def test_kv_events_and_metrics_with_config_info(engines):
     assert metric(text, "histate_lookups_total") == 2
     assert (metric(text, "histate_restored_tokens_total", tier="dram")
             + metric(text, "histate_restored_tokens_total", tier="ssd")) == 4 * bs
-    if contracts.STATS_INFO:
+    if expect("STATS_INFO"):
         assert metric(text, "vllm:kv_offload_config_info", connector="HiStateConnector",
                       policy="histate", block_tokens=str(bs)) == 1
 
 
-@pytest.mark.skipif(not contracts.OFFLOAD_JUNCTION,
+@pytest.mark.skipif(not expect("OFFLOAD_JUNCTION"),
                     reason="this vLLM's offload lookup sets no junction (0.34+ does)")
 def test_offload_junction_is_the_first_chunk_end(engines, monkeypatch):
     """vLLM 0.34 pins a junction where a restore's state hit falls short of its KV hit
