@@ -40,8 +40,26 @@ import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # run from a checkout: nothing installed
+
+
+def use_checkout() -> None:
+    """Run from a checkout with nothing installed: the repository on the path, and
+    histate_vllm.kernels loaded from triton_kernels/, where an install would map it."""
+    import importlib.util
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    if importlib.util.find_spec("histate_vllm.kernels") is not None:
+        return  # installed (or editable): the install maps it
+    spec = importlib.util.spec_from_file_location(
+        "histate_vllm.kernels", REPO / "triton_kernels" / "__init__.py",
+        submodule_search_locations=[str(REPO / "triton_kernels")])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+
+
+use_checkout()
 
 
 class Skip(Exception):

@@ -89,7 +89,9 @@ def _vllm_bases(tree: ast.AST) -> dict[str, list[type]]:
     """class name -> the vLLM classes it derives from (resolved through its imports)."""
     imported: dict[str, str] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm"):
+        # vLLM's classes, and HiState's own that derive from them (the seam's).
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                ("vllm", "histate_vllm")):
             for a in node.names:
                 imported[a.asname or a.name] = f"{node.module}:{a.name}"
     local: dict[str, list[str]] = {}
@@ -178,7 +180,9 @@ class _Scan(ast.NodeVisitor):
     def visit_FunctionDef(self, node) -> None:
         if self.cls_stack and self.stack[-1] == self.cls_stack[-1]:
             if _private(node.name) and node.name in self._cls_attrs():
+                self.stack.append(node.name)
                 self.add(node, "private", f"overrides {node.name}")
+                self.stack.pop()
         self.stack.append(node.name)
         self.generic_visit(node)
         self.stack.pop()
