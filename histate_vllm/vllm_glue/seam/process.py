@@ -16,6 +16,17 @@ def register_connector(name: str, module: str, class_name: str) -> None:
         pass  # already registered: the entry point ran before in this process
 
 
+def register_offloading_spec(name: str, module: str, class_name: str) -> None:
+    """Register an offloading spec by name, once per process (vLLM raises on a second), so
+    vLLM's offloading metrics find it by `spec_name` without loading it by path."""
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    try:
+        OffloadingSpecFactory.register_spec(name, module, class_name)
+    except ValueError:
+        pass  # already registered in this process
+
+
 class _WithoutConnector:
     """`config` as vLLM's CPU thread reservation would see it with no KV connector."""
 
