@@ -1,10 +1,10 @@
 """Where fleet objects live: a shared POSIX directory or Mooncake Store.
 
 Both offer the same five calls on named byte objects: `put` (create if absent: the first
-writer's bytes stay), `upsert` (replace), `get` (None when absent), `exists` (many names at
-once) and `remove`. A backend that cannot be reached raises `FleetUnavailable`, one that is
-full or refuses a write raises `FleetWriteFailed`; neither ever blocks an engine step (the
-tier calls them from its own threads).
+writer's bytes stay, as with Mooncake's own `put`), `upsert` (replace), `get` (None when
+absent), `exists` (many names at once) and `remove`. A backend that cannot be reached
+raises `FleetUnavailable`, one that is full or refuses a write raises `FleetWriteFailed`;
+neither ever blocks an engine step (the tier calls them from its own threads).
 """
 
 from __future__ import annotations
@@ -66,22 +66,21 @@ class DirBackend:
             raise FleetWriteFailed(e.errno, f"fleet directory: {e.strerror}") from None
         return tmp
 
-    def put(self, name: str, data) -> bool:
-        """Store `data` as `name` unless it exists; returns whether this call stored it."""
+    def put(self, name: str, data) -> None:
+        """Store `data` as `name` unless it exists."""
         path = self._path(name)
         if path.exists():
-            return False
+            return
         tmp = self._write_tmp(path, data)
         try:
             os.link(tmp, path)
         except FileExistsError:
-            return False
+            return
         except OSError as e:
             raise FleetWriteFailed(e.errno, f"fleet directory: {e.strerror}") from None
         finally:
             tmp.unlink(missing_ok=True)
         self._added(len(data))
-        return True
 
     def upsert(self, name: str, data) -> None:
         path = self._path(name)
@@ -181,14 +180,11 @@ class MooncakeBackend:
         return FleetWriteFailed(errno.ENOSPC if rc == -600 else errno.EIO,
                                 f"Mooncake {what}: error {rc}")
 
-    def put(self, name: str, data) -> bool:
+    def put(self, name: str, data) -> None:
         self._check()
-        if self.exists([name])[0]:
-            return False
-        rc = self._store.put(name, bytes(data))
+        rc = self._store.put(name, bytes(data))  # an existing object keeps its bytes
         if rc != 0:
             raise self._failed(rc, f"put {name}")
-        return True
 
     def upsert(self, name: str, data) -> None:
         self._check()

@@ -69,12 +69,19 @@ def state_name(identity: StoreIdentity, state_file: str) -> str:
     return f"{prefix(identity)}/st/{state_file}"
 
 
-def encode_payload(identity: StoreIdentity, kind: Kind, key: bytes, payload,
-                   provenance: str) -> tuple[bytes, int, ChecksumAlgo]:
-    """(object bytes, payload checksum, algorithm) of a chunk or state."""
+def payload_checksum(payload) -> tuple[int, ChecksumAlgo]:
+    """(checksum, algorithm) of a payload, as its object records them."""
     algo = default_algo()
+    return checksum(algo, memoryview(payload).cast("B")), algo
+
+
+def encode_payload(identity: StoreIdentity, kind: Kind, key: bytes, payload,
+                   provenance: str, summed: tuple[int, ChecksumAlgo] | None = None
+                   ) -> tuple[bytes, int, ChecksumAlgo]:
+    """(object bytes, payload checksum, algorithm) of a chunk or state; `summed`: its
+    `payload_checksum`, where the caller has it already."""
     mv = memoryview(payload).cast("B")
-    csum = checksum(algo, mv)
+    csum, algo = summed or payload_checksum(mv)
     header = encode_header(PayloadHeader(
         kind=kind, algo=algo, nbytes=mv.nbytes, checksum=csum,
         identity_digest=identity.digest(), key=key,

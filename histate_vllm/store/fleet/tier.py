@@ -75,15 +75,18 @@ class FleetTier:
         return True
 
     def _put_chunks(self, chunks, provenance: str) -> list[tuple[bytes, int, int, int]]:
-        encoded = [(ck, *objects.encode_payload(self.identity, Kind.CHUNK, ck, payload,
-                                                provenance)) for ck, payload in chunks]
-        names = [objects.chunk_name(self.identity, ck, csum) for ck, _, csum, _ in encoded]
+        # A chunk's name needs its checksum; its object is built only where it is absent.
+        summed = [objects.payload_checksum(payload) for _, payload in chunks]
+        names = [objects.chunk_name(self.identity, ck, csum)
+                 for (ck, _), (csum, _) in zip(chunks, summed)]
         present = self.backend.exists(names) if names else []
         refs = []
-        for (ck, obj, csum, algo), name, there in zip(encoded, names, present):
+        for (ck, payload), sums, name, there in zip(chunks, summed, names, present):
             if not there:
+                obj, _, _ = objects.encode_payload(self.identity, Kind.CHUNK, ck, payload,
+                                                   provenance, sums)
                 self.backend.put(name, obj)
-            refs.append((ck, len(obj) - objects.HEADER_BYTES, csum, int(algo)))
+            refs.append((ck, memoryview(payload).nbytes, sums[0], int(sums[1])))
         return refs
 
     def has_checkpoints(self, keys: list[bytes]) -> list[bool]:

@@ -17,7 +17,7 @@ SPEC_NAME = "HiStateSpec"
 SPEC_MODULE = "histate_vllm.vllm_glue.offloading_spec"
 
 
-class _View:
+class ConfigView:
     """`obj` with some attributes replaced, read-only (vLLM reads configs, never writes)."""
 
     def __init__(self, obj, **replaced):
@@ -33,7 +33,8 @@ def naming_histate_spec(vllm_config):
     transfer = vllm_config.kv_transfer_config
     extra = {**(transfer.kv_connector_extra_config or {}),
              "spec_name": SPEC_NAME, "spec_module_path": SPEC_MODULE}
-    return _View(vllm_config, kv_transfer_config=_View(transfer, kv_connector_extra_config=extra))
+    return ConfigView(vllm_config, kv_transfer_config=ConfigView(
+        transfer, kv_connector_extra_config=extra))
 
 
 def declared_metric_names() -> set[str]:

@@ -27,18 +27,6 @@ def register_offloading_spec(name: str, module: str, class_name: str) -> None:
         pass  # already registered in this process
 
 
-class _WithoutConnector:
-    """`config` as vLLM's CPU thread reservation would see it with no KV connector."""
-
-    def __init__(self, config):
-        self._config = config
-
-    kv_transfer_config = None
-
-    def __getattr__(self, name):
-        return getattr(self._config, name)
-
-
 _binding_kept = False
 
 
@@ -51,6 +39,7 @@ def reserve_cores_as_without_connector(applies, on_bound) -> bool:
     from vllm.platforms import current_platform
 
     from histate_vllm.vllm_glue.seam import capabilities
+    from histate_vllm.vllm_glue.seam.metrics import ConfigView
 
     if not (current_platform.is_cpu() and capabilities.OMP_RESERVATION):
         return False
@@ -62,7 +51,8 @@ def reserve_cores_as_without_connector(applies, on_bound) -> bool:
 
     def __init__(self, config):
         applied = applies(config)
-        init(self, _WithoutConnector(config) if applied else config)
+        # As vLLM's reservation would see the config with no KV connector.
+        init(self, ConfigView(config, kv_transfer_config=None) if applied else config)
         on_bound(applied, getattr(self, "cpu_lists", None))
 
     OMPProcessManager.__init__ = __init__
