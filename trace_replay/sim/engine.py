@@ -53,7 +53,7 @@ from .job import Job
 if TYPE_CHECKING:
     from ..policies.base import SimPolicy
 
-_ARRIVE, _LOADED, _PREFILLED, _FINISHED, _WAKE, _COPY, _STEP, _DRIVE = 0, 1, 2, 3, 4, 5, 6, 7
+_ARRIVE, _LOADED, _PREFILLED, _FINISHED, _WAKE, _COPY, _STEP, _DRIVE, _FLEET = range(9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +154,8 @@ class RunResult:
     makespan: float
     wall_s: float
     stats: dict = field(default_factory=dict)
+    engine: np.ndarray | None = None  # the engine that served each request (a fleet)
+    fleet_bytes: np.ndarray | None = None  # bytes each restore read from a fleet tier
 
 
 class Replay:
@@ -202,26 +204,74 @@ def drive_stats(drive: Drive) -> dict:
             "ssd_write_busy_s": round(st["write_busy_s"], 3)}
 
 
+@dataclass(eq=False)
+class Engine:
+    """One serving engine: its caching system (policy), SSD, host-to-device link and GPU
+    prefill queue; in a fleet with a fleet tier, also its own link to that tier (a `Drive`:
+    restores and publishes share it, each paying `fleet_latency` s once per restore)."""
+
+    policy: SimPolicy
+    drive: Drive
+    fleet_link: Drive | None = None
+    fleet_latency: float = 0.0
+    link_free: float = 0.0
+    gpu_free: float = 0.0
+    shared: SharedPrefill | None = None
+    outstanding: int = 0  # prompt tokens of requests routed here, first token not yet out
+    served: int = 0
+
+
+def _only_engine(job: Job, session: int, engines: list[Engine]) -> int:
+    return 0
+
+
+def _merged_stats(engines: list[Engine], extra_steps: int) -> dict:
+    """One engine: its policy's and drive's stats. Several: their integer counts summed,
+    and each engine's own under "engines"."""
+    per = [{**e.policy.stats(), **drive_stats(e.drive), "requests": e.served}
+           for e in engines]
+    if len(per) == 1:
+        out = dict(per[0])
+        del out["requests"]
+    else:
+        out = {}
+        for d in per:
+            for k, v in d.items():
+                if isinstance(v, int) and not isinstance(v, bool):
+                    out[k] = out.get(k, 0) + v
+        out["engines"] = per
+    out["chunk_ends_added"] = extra_steps
+    return out
+
+
 class Simulator:
-    def __init__(self, replay: Replay, cost: CostModel, policy: SimPolicy, clock: SimClock,
-                 drive: Drive | None = None, chunk_tokens: int | None = None,
-                 charge_chunk_ends: bool = False):
+    def __init__(self, replay: Replay, cost: CostModel, policy: SimPolicy | None,
+                 clock: SimClock, drive: Drive | None = None, chunk_tokens: int | None = None,
+                 charge_chunk_ends: bool = False, *, engines: list[Engine] | None = None,
+                 route: Callable[[Job, int, list[Engine]], int] | None = None):
         """drive: the SSD shared with the policy (its `ctx.drive`); None: a drive of the
         device's bandwidth whose writes are free. chunk_tokens: prefill chunk (a vLLM step),
         default the device's. charge_chunk_ends: each prefill chunk end a request's
-        checkpoints add beyond vLLM's split costs one more step (tpot)."""
+        checkpoints add beyond vLLM's split costs one more step (tpot).
+        engines (instead of policy and drive): a fleet, one clock for all; route(job,
+        session, engines) picks each request's engine on arrival (sim/fleet.py)."""
         self.r = replay
         self.cost = cost
-        self.policy = policy
         self.clock = clock
-        bw = cost.device.ssd_bw
-        self.drive = drive or Drive(bw, bw, queue_bytes=None, charge_writes=False)
+        if engines is None:
+            bw = cost.device.ssd_bw
+            drive = drive or Drive(bw, bw, queue_bytes=None, charge_writes=False)
+            engines = [Engine(policy, drive)]
+        self.engines = engines
+        self.route = route or _only_engine
+        self.policy, self.drive = engines[0].policy, engines[0].drive
         self.chunk_tokens = chunk_tokens or cost.device.chunk_tokens
         self.charge_chunk_ends = charge_chunk_ends
         self.extra_steps = 0
-        bind = getattr(policy, "bind_replay", None)  # references that know the future
-        if bind is not None:
-            bind(replay)
+        for e in engines:
+            bind = getattr(e.policy, "bind_replay", None)  # references that know the future
+            if bind is not None:
+                bind(replay)
 
     def forced_steps(self, job: Job) -> int:
         """Steps the request's checkpoints add to vLLM's split of its prefill: each one
@@ -248,7 +298,8 @@ class Simulator:
         return [b for b in ends if b < n or b * B < job.input_tokens]
 
     def run(self, progress: Callable[[int], None] | None = None) -> RunResult:
-        r, st, cost, policy, clock = self.r, self.r.settings, self.cost, self.policy, self.clock
+        r, st, cost, clock = self.r, self.r.settings, self.cost, self.clock
+        engines, route = self.engines, self.route
         n = len(r.requests)
         ttft = np.full(n, np.nan)
         hit = np.zeros(n, dtype=np.int64)
@@ -256,6 +307,8 @@ class Simulator:
         shared_kv = np.zeros(n, dtype=np.int64)
         dram = np.zeros(n)
         ssd = np.zeros(n)
+        fleet = np.zeros(n)
+        served_by = np.zeros(n, dtype=np.int64)
         arrival = np.zeros(n)
         bt = r.workload.block_size
         heap: list = []
@@ -288,67 +341,96 @@ class Simulator:
             s = queue.pop()
             ramp = st.ramp * i / first if first else 0.0
             push(r.sessions[s].start + ramp, _ARRIVE, (s, 0))
-        link_free = 0.0
-        gpu_free = 0.0
-        drive = self.drive
-        drive_version = -1  # the version a _DRIVE wake is scheduled for
+        for e in engines:
+            e.shared = SharedPrefill(st.concurrent_prefills) \
+                if st.concurrent_prefills > 1 else None
+        # Every drive and fleet link; versions[i]: the version a _DRIVE wake is scheduled for.
+        devices = [d for e in engines for d in (e.drive, e.fleet_link) if d is not None]
+        versions = [-1] * len(devices)
 
-        def read_done(payload) -> None:
-            push(clock.now, _COPY, payload)
+        def read_done(payload) -> None:  # one restore read landed
+            job = payload[2]
+            job.reads -= 1
+            if job.reads == 0:  # then: the copy
+                push(clock.now, _COPY, payload)
+
+        def fleet_read_done(payload) -> None:  # then the fleet tier's latency
+            push(clock.now + engines[payload[2].engine].fleet_latency, _FLEET, payload)
 
         def flops_at(job: Job, blocks: int) -> float:
             return cost.prefill_flops(job.resume, min(blocks * bt, job.input_tokens))
-        shared = SharedPrefill(st.concurrent_prefills) if st.concurrent_prefills > 1 else None
 
-        def prefilled_now(done: list) -> None:
+        def prefilled_now(e: int, done: list) -> None:
+            shared = engines[e].shared
             for p, i in shared.take_marks():
                 push(clock.now, _STEP, (p, i))
             for p in done:
                 push(clock.now, _PREFILLED, p)
             t = shared.next_completion()
             if t is not None:
-                push(t, _WAKE, shared.version)
+                push(t, _WAKE, (e, shared.version))
         done = 0
         makespan = 0.0
         t0 = time.perf_counter()
         while True:
-            if drive.version != drive_version:  # the drive's next completion may have moved
-                drive_version = drive.version
-                t = clock.now if drive.has_done else drive.next_completion()
-                if t is not None:
-                    push(t, _DRIVE, drive_version)
+            for i, dev in enumerate(devices):  # a device's next completion may have moved
+                if dev.version != versions[i]:
+                    versions[i] = dev.version
+                    t = clock.now if dev.has_done else dev.next_completion()
+                    if t is not None:
+                        push(t, _DRIVE, (i, versions[i]))
             if not heap:
                 break
             now, _, kind, payload = heapq.heappop(heap)
             clock.now = now
-            for cb, arg in drive.advance(now):  # reads and writes done by now
-                cb(arg)
+            for dev in devices:
+                for cb, arg in dev.advance(now):  # reads and writes done by now
+                    cb(arg)
             if kind == _DRIVE:
-                if payload == drive_version:  # the current wake: schedule the next one
-                    drive_version = -1  # (float error can leave a head a hair short)
+                i, version = payload
+                if version == versions[i]:  # the current wake: schedule the next one
+                    versions[i] = -1  # (float error can leave a head a hair short)
                 continue
+            if kind == _FLEET:  # a fleet read and its latency are over
+                payload[2].reads -= 1
+                if payload[2].reads:
+                    continue  # the SSD read is not
+                kind = _COPY
             if kind == _ARRIVE:
                 s, k = payload
                 rid = r.offset[s] + k
                 req = r.sessions[s].requests[k]
                 job = Job(rid, req, r.blocks[rid], now, bt)
                 arrival[rid] = now
-                policy.lookup(job)
+                job.engine = e = route(job, s, engines)
+                eng = engines[e]
+                eng.outstanding += job.input_tokens
+                eng.served += 1
+                eng.policy.lookup(job)
                 for delay, child in r.spawn.get((s, k), ()):
                     push(now + spawn_delay(delay), _ARRIVE, (child, 0))
+                payload = (s, k, job)
                 if job.ssd_bytes > 0:  # the drive first; the link is not held meanwhile
-                    drive.read(now, job.ssd_bytes, read_done, (s, k, job))  # then: copy
+                    job.reads += 1
+                    eng.drive.read(now, job.ssd_bytes, read_done, payload)  # then: copy
+                if job.fleet_bytes > 0:  # beside the SSD read, on the engine's fleet link
+                    job.reads += 1
+                    eng.fleet_link.read(now, job.fleet_bytes, fleet_read_done, payload)
+                if job.reads:
                     continue
-                kind, payload = (_COPY if job.dram_bytes > 0 else _LOADED), (s, k, job)
+                kind = _COPY if job.dram_bytes > 0 else _LOADED
             if kind == _COPY:  # the restored bytes over the host-to-device link
                 job = payload[2]
-                start = max(now, link_free)
-                link_free = start + cost.h2d_time(job.dram_bytes + job.ssd_bytes)
-                push(link_free, _LOADED, payload)
+                eng = engines[job.engine]
+                start = max(now, eng.link_free)
+                eng.link_free = start + cost.h2d_time(
+                    job.dram_bytes + job.ssd_bytes + job.fleet_bytes)
+                push(eng.link_free, _LOADED, payload)
                 continue
             if kind == _LOADED:
                 s, k, job = payload
-                policy.loaded(job)
+                eng = engines[job.engine]
+                eng.policy.loaded(job)
                 work = cost.prefill_time(job.resume, job.input_tokens)
                 if self.charge_chunk_ends:
                     forced = self.forced_steps(job)
@@ -359,24 +441,27 @@ class Simulator:
                 ends = self.step_ends(job)
                 done_at = [flops_at(job, b) / total if total > 0 else 1.0 for b in ends]
                 job.step_ends = ends
-                if shared is not None:
+                if eng.shared is not None:
                     marks = [work * (1.0 - f) for f in done_at]
-                    prefilled_now(shared.add(now, work, payload, marks))
+                    prefilled_now(job.engine, eng.shared.add(now, work, payload, marks))
                     continue
-                start = max(now, gpu_free)
-                gpu_free = start + work
+                start = max(now, eng.gpu_free)
+                eng.gpu_free = start + work
                 for i, f in enumerate(done_at):
                     push(start + f * work, _STEP, (payload, i))
-                push(gpu_free, _PREFILLED, payload)
+                push(eng.gpu_free, _PREFILLED, payload)
             elif kind == _STEP:
                 (s, k, job), i = payload
-                policy.store_step(job, job.step_ends[i])
+                engines[job.engine].policy.store_step(job, job.step_ends[i])
             elif kind == _WAKE:
-                if payload == shared.version:  # else the active set changed since
-                    prefilled_now(shared.wake(now))
+                e, version = payload
+                if version == engines[e].shared.version:  # else the active set changed
+                    prefilled_now(e, engines[e].shared.wake(now))
             elif kind == _PREFILLED:
                 s, k, job = payload
                 rid = job.rid
+                eng = engines[job.engine]
+                eng.outstanding -= job.input_tokens
                 job.first_token = now
                 ttft[rid] = now - job.arrival
                 hit[rid] = job.resume
@@ -384,7 +469,9 @@ class Simulator:
                 shared_kv[rid] = max(job.shared, job.resume)
                 dram[rid] = job.dram_bytes
                 ssd[rid] = job.ssd_bytes
-                policy.prefilled(job)
+                fleet[rid] = job.fleet_bytes
+                served_by[rid] = job.engine
+                eng.policy.prefilled(job)
                 push(now + cost.decode_time(job.req.output_tokens), _FINISHED, payload)
                 done += 1
                 if progress is not None:
@@ -392,7 +479,7 @@ class Simulator:
             elif kind == _FINISHED:
                 s, k, job = payload
                 makespan = now
-                policy.finished(job)
+                engines[job.engine].policy.finished(job)
                 sess = r.sessions[s]
                 if k + 1 < len(sess.requests):
                     push(now + gap(sess, k + 1), _ARRIVE, (s, k + 1))
@@ -400,9 +487,9 @@ class Simulator:
                     push(now, _ARRIVE, (queue.pop(), 0))
         assert done == n, f"{done} of {n} requests completed"
         return RunResult(
-            policy=policy.name, ttft=ttft, hit=hit, gpu_hit=gpu_hit, shared=shared_kv,
-            dram_bytes=dram,
-            ssd_bytes=ssd, arrival=arrival, makespan=makespan,
-            wall_s=time.perf_counter() - t0, stats={**policy.stats(), **drive_stats(drive),
-                   "chunk_ends_added": self.extra_steps},
+            policy=engines[0].policy.name, ttft=ttft, hit=hit, gpu_hit=gpu_hit,
+            shared=shared_kv, dram_bytes=dram, ssd_bytes=ssd, arrival=arrival,
+            makespan=makespan, wall_s=time.perf_counter() - t0,
+            stats=_merged_stats(engines, self.extra_steps), engine=served_by,
+            fleet_bytes=fleet,
         )

@@ -30,6 +30,8 @@ class Job:
     shared: int = 0
     dram_bytes: float = 0.0
     ssd_bytes: float = 0.0
+    # Bytes restored from a fleet tier over the engine's fleet link (sim/fleet.py).
+    fleet_bytes: float = 0.0
     captures: list[int] = field(default_factory=list)
     state: object = None  # policy-private
     first_token: float = 0.0
@@ -37,6 +39,8 @@ class Job:
     # and how many of the prompt's blocks the policy has stored so far.
     step_ends: list[int] = field(default_factory=list)
     stored: int = 0
+    engine: int = 0  # which engine of a fleet serves it (0: the only one)
+    reads: int = 0  # restore reads (SSD, fleet) still in flight
     _hb: list[bytes] | None = None
 
     @property
