@@ -1,4 +1,4 @@
-"""Command line: `python -m trace_replay {simulate,live,synth,plot} ...` (see --help of each).
+"""Command line: `python -m trace_replay {simulate,fleet,live,synth,plot} ...` (see --help of each).
 
     python -m trace_replay simulate ../shared/traces/weka --format weka
         --policies histate,vllm-marconi,unlimited --json out.json       (one line)
@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--vocab", type=int, default=2000, help="token ids are drawn below this")
     v.add_argument("--timeout", type=float, default=300.0, help="s per request")
     v.add_argument("--json", type=Path)
+    from .cli_fleet import add_parser as add_fleet
+
+    add_fleet(sub)
     return ap
 
 
@@ -393,5 +396,9 @@ def cmd_live(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.cmd == "fleet":
+        from .cli_fleet import cmd_fleet
+
+        return cmd_fleet(a)
     return {"simulate": cmd_simulate, "synth": cmd_synth, "plot": cmd_plot,
             "live": cmd_live}[a.cmd](a)

@@ -30,6 +30,8 @@ resumable tokens a restart at a random moment would keep.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from histate_vllm.bookkeeping.orchestration import BytePool, Orchestrator, headroom_bytes
 from histate_vllm.policy import Tier, make_policy
 
@@ -95,12 +97,18 @@ class CoreAdapter(SimPolicy):
         p = j
         while p > g and not readable(hb[p - 1] + _STS):
             p -= 1
-        job.shared = max(k, j) * B
         job.gpu_hit = g * B
+        # A tier beyond this engine's may restore deeper (a fleet tier: policies/fleet.py);
+        # the keys it serves are not loaded from here.
+        p, remote = self.beyond_local(job, g, p)
+        job.shared = max(k, j, p) * B
         loaded: list[bytes] = []
         if p > g:
             loaded = [h + _KVS for h in hb[g:p]]
             loaded.append(hb[p - 1] + _STS)
+            if remote:
+                loaded = [key for key in loaded if key not in remote]
+        if loaded:
             slots, is_state = orch.prepare_load(loaded)
             for slot, st in zip(slots, is_state):
                 nbytes = self.sb if st else self.kvb
@@ -110,6 +118,7 @@ class CoreAdapter(SimPolicy):
                     job.ssd_bytes += nbytes
             # Promotion: the read fills the DRAM copies, nothing more to charge.
             orch.promote(loaded, slots, job.request_id)
+        if p > g:
             self.n["loads"] += 1
             job.resume = p * B
         else:
@@ -123,6 +132,11 @@ class CoreAdapter(SimPolicy):
         job.captures = orch.plan(job.request_id, hb, job.input_tokens, ends)
         held = self.gpu.hold_hit(hl, g)
         job.state = (held, loaded)
+
+    def beyond_local(self, job: Job, g: int, p: int) -> tuple[int, Collection[bytes]]:
+        """(blocks to resume at, the keys of [g, that) and its state read from elsewhere):
+        here, none; p is the local offload hit, g the GPU's."""
+        return p, ()
 
     def loaded(self, job: Job) -> None:
         self.orch.complete_load(job.state[1], job.request_id)

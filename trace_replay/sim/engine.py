@@ -218,6 +218,7 @@ class Engine:
     gpu_free: float = 0.0
     shared: SharedPrefill | None = None
     outstanding: int = 0  # prompt tokens of requests routed here, first token not yet out
+    in_flight: int = 0  # requests routed here and not finished
     served: int = 0
 
 
@@ -405,6 +406,7 @@ class Simulator:
                 job.engine = e = route(job, s, engines)
                 eng = engines[e]
                 eng.outstanding += job.input_tokens
+                eng.in_flight += 1
                 eng.served += 1
                 eng.policy.lookup(job)
                 for delay, child in r.spawn.get((s, k), ()):
@@ -479,6 +481,7 @@ class Simulator:
             elif kind == _FINISHED:
                 s, k, job = payload
                 makespan = now
+                engines[job.engine].in_flight -= 1
                 engines[job.engine].policy.finished(job)
                 sess = r.sessions[s]
                 if k + 1 < len(sess.requests):
