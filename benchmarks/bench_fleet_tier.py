@@ -32,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from histate_vllm.store.fleet import DirBackend, FleetTier  # noqa: E402
-from histate_vllm.store.format import StoreIdentity  # noqa: E402
+from histate_vllm.store.fleet import DirBackend, FleetTier
+from histate_vllm.store.format import StoreIdentity
 
 MiB = 1 << 20
 
