@@ -7,7 +7,7 @@ message naming the key and what is accepted, instead of silently running without
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,22 @@ class HiStateConfig:
     event_log_dir: str | None = None
     # Size of one event-log file (bytes); two are kept (the current one and one rotated).
     event_log_bytes: int = 16 << 20
+    # The fleet tier (docs/fleet.md): checkpoints shared by every engine of a fleet.
+    # None (default): off. "mooncake": Mooncake Store at fleet_master, fleet_metadata_server
+    # (`python -m histate_vllm.store.fleet.mooncake_service` prints both); "dir": a
+    # directory every engine mounts (fleet_dir), holding at most fleet_bytes.
+    fleet_backend: str | None = None
+    fleet_master: str | None = None
+    fleet_metadata_server: str | None = None
+    # This host's address as the other Mooncake processes reach it (default: its name).
+    fleet_local_hostname: str | None = None
+    fleet_protocol: str = "tcp"
+    fleet_device: str = ""
+    fleet_dir: str | None = None
+    fleet_bytes: int = 0
+    # How long a request waits for the tier to say what it holds, and for a pull.
+    fleet_lookup_timeout_s: float = 0.5
+    fleet_pull_timeout_s: float = 30.0
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> HiStateConfig:
@@ -108,6 +124,7 @@ class HiStateConfig:
                 else cls.event_log_bytes
             ),
         )
+        cfg = _fleet(cfg, extra)
         if cfg.ssd_dir is not None and cfg.ssd_bytes <= 0:
             raise ConfigError(
                 "HiStateConnector: 'ssd_dir' is set, so 'ssd_bytes' must be a positive "
@@ -130,6 +147,55 @@ class HiStateConfig:
         if cfg.ssd_dir is None and cfg.ssd_bytes:
             raise ConfigError("HiStateConnector: 'ssd_bytes' is set but 'ssd_dir' is not")
         return cfg
+
+
+FLEET_BACKENDS = ("mooncake", "dir")
+
+
+def _fleet(cfg: HiStateConfig, extra: dict[str, Any]) -> HiStateConfig:
+    """The fleet tier's keys: all or nothing of a backend's, and an SSD store to pull into."""
+    keys = {k for k in extra if k.startswith("fleet_")}
+    if "fleet_backend" not in extra:
+        if keys:
+            raise ConfigError(f"HiStateConnector: {sorted(keys)} set without 'fleet_backend' "
+                              f"(one of {list(FLEET_BACKENDS)})")
+        return cfg
+    backend = _choice(extra, "fleet_backend", FLEET_BACKENDS, "")
+    if cfg.ssd_dir is None:
+        raise ConfigError("HiStateConnector: 'fleet_backend' needs 'ssd_dir': checkpoints "
+                          "pulled from the fleet tier land in the engine's SSD store")
+    need = (("fleet_master", "fleet_metadata_server") if backend == "mooncake"
+            else ("fleet_dir", "fleet_bytes"))
+    missing = [k for k in need if k not in extra]
+    if missing:
+        raise ConfigError(f"HiStateConnector: fleet_backend {backend!r} needs {missing}")
+    other = {"mooncake": ("fleet_dir", "fleet_bytes"),
+             "dir": ("fleet_master", "fleet_metadata_server", "fleet_local_hostname",
+                     "fleet_protocol", "fleet_device")}[backend]
+    stray = sorted(keys.intersection(other))
+    if stray:
+        raise ConfigError(f"HiStateConnector: {stray} do not apply to fleet_backend "
+                          f"{backend!r}")
+    strings = {}
+    for key in ("fleet_master", "fleet_metadata_server", "fleet_local_hostname",
+                "fleet_protocol", "fleet_device"):
+        if key in extra:
+            value = extra[key]
+            if not isinstance(value, str) or (not value and key != "fleet_device"):
+                raise ConfigError(f"HiStateConnector: '{key}' must be a string, got {value!r}")
+            strings[key] = value
+    if strings.get("fleet_protocol", "tcp") not in ("tcp", "rdma"):
+        raise ConfigError("HiStateConnector: 'fleet_protocol' must be \"tcp\" or \"rdma\", "
+                          f"got {strings['fleet_protocol']!r}")
+    return replace(
+        cfg, fleet_backend=backend, **strings,
+        fleet_dir=_dir(extra, "fleet_dir"),
+        fleet_bytes=_positive_int(extra, "fleet_bytes") if "fleet_bytes" in extra else 0,
+        fleet_lookup_timeout_s=_positive_seconds(extra, "fleet_lookup_timeout_s",
+                                                 cfg.fleet_lookup_timeout_s),
+        fleet_pull_timeout_s=_positive_seconds(extra, "fleet_pull_timeout_s",
+                                               cfg.fleet_pull_timeout_s),
+    )
 
 
 def _int(extra: dict[str, Any], key: str) -> int:

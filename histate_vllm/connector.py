@@ -120,6 +120,8 @@ class HiStateConnectorScheduler(SchedulerSeam):
         # A load that does not fit the free GPU blocks would stall vLLM's whole waiting
         # queue: look up only as deep as fits (the deepest checkpoint within; see
         # bookkeeping/restore_admission.py). One lookup, so vLLM's lookup stats count each once.
+        if not self.manager.fleet_gate(request, num_computed_tokens):
+            return None, False  # the fleet tier may take it further: asked again next step
         limit = self.admission.limit(request, num_computed_tokens,
                                      self._own_evictable.pop(request.request_id, 0))
         cut = None
@@ -291,6 +293,9 @@ class HiStateConnectorScheduler(SchedulerSeam):
         # wait for. Beside other requests (a loaded server) no step is quiet, and holding
         # only makes the writes burstier (bench_load, results_load.md).
         lone = len(scheduler_output.num_scheduled_tokens) == 1
+        fleet = self.manager.fleet
+        if fleet is not None and scheduler_output.total_num_scheduled_tokens == 0:
+            fleet.wait(IDLE_WAIT_S)  # requests wait on the fleet tier: no spinning
         return HiStateConnectorMetadata(
             **{f.name: getattr(meta, f.name) for f in dataclasses.fields(meta)},
             ssd_writes=(self.manager.take_ssd_deletes()

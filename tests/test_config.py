@@ -93,3 +93,44 @@ def test_read_timeout_accepts_numeric_strings(value, want):
 def test_read_timeout_refuses_non_positive(value):
     with pytest.raises(ConfigError, match="'ssd_read_timeout_s' must be a positive number"):
         HiStateConfig.from_extra_config({"dram_bytes": 1, "ssd_read_timeout_s": value})
+
+
+SSD = {"dram_bytes": 1 << 20, "ssd_dir": "/tmp/x", "ssd_bytes": 10 << 20}
+
+
+def test_the_fleet_tier_is_off_unless_asked_and_takes_either_backend():
+    assert HiStateConfig.from_extra_config(SSD).fleet_backend is None
+    cfg = HiStateConfig.from_extra_config(
+        {**SSD, "fleet_backend": "mooncake", "fleet_master": "127.0.0.1:50051",
+         "fleet_metadata_server": "http://127.0.0.1:8080/metadata",
+         "fleet_lookup_timeout_s": "0.25"})
+    assert (cfg.fleet_backend, cfg.fleet_protocol, cfg.fleet_lookup_timeout_s) == (
+        "mooncake", "tcp", 0.25)
+    cfg = HiStateConfig.from_extra_config(
+        {**SSD, "fleet_backend": "dir", "fleet_dir": "/mnt/shared", "fleet_bytes": 1 << 30})
+    assert (cfg.fleet_dir, cfg.fleet_bytes) == ("/mnt/shared", 1 << 30)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"fleet_dir": "/mnt/x"}, "without 'fleet_backend'"),
+    ({"fleet_backend": "s3"}, "'fleet_backend' must be one of"),
+    ({"fleet_backend": "dir", "fleet_dir": "/mnt/x"}, "needs ['fleet_bytes']"),
+    ({"fleet_backend": "mooncake", "fleet_master": "h:1"}, "needs ['fleet_metadata_server']"),
+    ({"fleet_backend": "dir", "fleet_dir": "/m", "fleet_bytes": 1, "fleet_master": "h:1"},
+     "do not apply"),
+    ({"fleet_backend": "mooncake", "fleet_master": "h:1", "fleet_metadata_server": "u",
+      "fleet_protocol": "udp"}, "'fleet_protocol'"),
+    ({"fleet_backend": "dir", "fleet_dir": "/m", "fleet_bytes": 0}, "'fleet_bytes' must be > 0"),
+    ({"fleet_backend": "dir", "fleet_dir": "/m", "fleet_bytes": 1,
+      "fleet_pull_timeout_s": 0}, "'fleet_pull_timeout_s'"),
+])
+def test_fleet_errors_name_the_key(extra, needle):
+    with pytest.raises(ConfigError) as e:
+        HiStateConfig.from_extra_config({**SSD, **extra})
+    assert needle in str(e.value)
+
+
+def test_the_fleet_tier_needs_an_ssd_store():
+    with pytest.raises(ConfigError, match="needs 'ssd_dir'"):
+        HiStateConfig.from_extra_config({"dram_bytes": 1, "fleet_backend": "dir",
+                                         "fleet_dir": "/m", "fleet_bytes": 1})

@@ -203,6 +203,51 @@ class Orchestrator:
             self._drop(key, Tier.SSD)  # over the budget, or a state without its KV
         return len(checkpoints), len(seen) - len(checkpoints)
 
+    def _checkpoint_items(self, key: bytes, position: int,
+                          chunk_keys: Sequence[bytes]) -> list[Item]:
+        """The items of a checkpoint: its KV chunks block by block, then its state. A
+        node's parent is the block before it: the state's block is the last one, so the
+        state hangs off the second-to-last (none for a one-block checkpoint)."""
+        items: list[Item] = []
+        bt = self.block_tokens
+        n = max(1, len(self.kv_groups))
+        parent = block_parent = None
+        for i in range(0, len(chunk_keys), n):
+            ck = chunk_keys[i : i + n]
+            block_parent = parent
+            items.extend(Item(k, k[:-4], block_parent, Kind.KV, (i // n + 1) * bt,
+                              self.key_bytes(False)) for k in ck)
+            if ck:
+                parent = ck[0][:-4]
+        items.append(Item(key, key[:-4], block_parent, Kind.STATE, position,
+                          self.key_bytes(True)))
+        return items
+
+    def admit_checkpoint(self, key: bytes, position: int, chunk_keys: Sequence[bytes],
+                         now: float) -> bool:
+        """A checkpoint another engine computed, now whole in the local SSD store (the
+        fleet tier's pull): its copies join the SSD tier as restored ones, used `now`
+        (the policy's own clock is not this one; only the order matters). False, and
+        nothing admitted, where a chunk it names is held here in DRAM only or is being
+        written: those bytes are this engine's own computation, which the pulled state
+        must not meet (the caller deletes what the pull wrote)."""
+        items = self._checkpoint_items(key, position, chunk_keys)
+        fresh = []
+        for item in items:
+            entry = self.entries.get(item.key)
+            if entry is None:
+                fresh.append(item)
+            elif entry.ssd_pending or not entry.on_ssd:
+                return False
+        for item in fresh:
+            self.entries[item.key] = Entry(is_state=item.kind == Kind.STATE,
+                                           position=item.position, nbytes=item.nbytes,
+                                           on_ssd=True)
+        for k in self.policy.restore_resident(fresh, Tier.SSD, last_access=[now] * len(fresh),
+                                              now=now):
+            self._drop(k, Tier.SSD)  # over the budget: the policy's order decides
+        return key in self.entries
+
     # --- requests ---
 
     def note_hit(self, request_id: str, hit_tokens: int,

@@ -230,6 +230,10 @@ def summary(window: dict[tuple[str, Labels], float], gauges: dict[str, float]) -
     promoted = total("promoted_chunks")
     if promoted:
         line += f", {promoted} KV chunks read from SSD kept in DRAM"
+    fleet = {lab: int(v) for (n, lab), v in window.items() if n == "fleet_ops" and v}
+    if fleet:
+        line += ", fleet tier " + ",".join(f"{op}:{out}={v}"
+                                            for (op, out), v in sorted(fleet.items()))
     short = total("slot_shortfalls")
     if short:
         line += f", {short} keys short of a DRAM slot ({by('slot_shortfalls')})"

@@ -209,6 +209,11 @@ class PublishMixin:
                 self._dir_syncer = executor(8, "histate-publish", writes=True)
             return self._dir_syncer
 
+    def chunk_ref(self, ck: bytes) -> ChunkRef:
+        """The chunk's size and checksum from its header (MissingEntry when absent; a bad
+        header is quarantined and raised as CorruptEntry)."""
+        return self._chunk_ref(ck, ck)
+
     def _chunk_ref(self, ck: bytes, owner: bytes) -> ChunkRef:
         path = self.layout.chunk_path(ck)
         try:

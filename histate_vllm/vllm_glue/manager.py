@@ -30,7 +30,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from histate_vllm.bookkeeping.orchestration import Orchestrator, SlotPool, headroom_bytes
 from histate_vllm.bookkeeping.resumable import ResumableView
 from histate_vllm.config import HiStateConfig
-from histate_vllm.policy import Tier, make_policy
+from histate_vllm.policy import Tier, make_key, make_policy
 from histate_vllm.vllm_glue.boundaries import prompt_boundaries
 from histate_vllm.vllm_glue.layout import CacheLayout, dram_slots, ssd_payload_budget
 from histate_vllm.vllm_glue.observer import Observer
@@ -60,6 +60,7 @@ class HiStateManager(OffloadingManager):
         store_index=None,
         store_lock=None,
         ranks: int = 1,
+        fleet=None,
     ):
         """step_tokens: most tokens one engine step prefills (vLLM's max_num_batched_tokens);
         the policy keeps that many blocks of DRAM free for copies moving to SSD.
@@ -68,7 +69,8 @@ class HiStateManager(OffloadingManager):
         takes anyway (policy/chunk_grid.py), each other one costing config.step_cost_tokens.
         store_index: what `store.startup.open_for_engine` found (scanned here if None);
         store_lock: its lock, held as long as this manager lives.
-        ranks: workers sharing config.dram_bytes (see layout.dram_slots)."""
+        ranks: workers sharing config.dram_bytes (see layout.dram_slots).
+        fleet: a `store.fleet.link.FleetLink` to the fleet tier (docs/fleet.md), or None."""
         self.layout = layout
         self.config = config
         self.store = store
@@ -130,6 +132,9 @@ class HiStateManager(OffloadingManager):
         # Requests with a load that failed on some rank, until they finish.
         self._failed_loads: set[str] = set()
         self.store_lock = store_lock
+        self.fleet = fleet
+        self._fleet_asked: set[str] = set()  # requests whose fetch was sent
+        self._per_token_s: float | None = None  # measured prefill cost (set_step_cost)
         self.observer = Observer(self)  # metrics, summary line, event log
         if store is not None:
             self._load_store_index(store_index)
@@ -193,6 +198,7 @@ class HiStateManager(OffloadingManager):
     def set_step_cost(self, tokens: float, fixed_s: float, per_token_s: float) -> None:
         """The measured price of one more engine step (bookkeeping/step_cost.py)."""
         self.policy.set_step_cost(tokens)
+        self._per_token_s = per_token_s
         logger.info("HiState: an engine step costs %.1f ms + %.1f us per token here; a chunk "
                     "end off vLLM's grid is priced at %.0f tokens", fixed_s * 1e3,
                     per_token_s * 1e6, tokens)
@@ -207,6 +213,9 @@ class HiStateManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
+        if self.fleet is not None and req_context.req_id in self._fleet_asked:
+            self._fleet_asked.discard(req_context.req_id)
+            self.fleet.forget(req_context.req_id)
         self._requests.pop(req_context.req_id, None)
         self._failed_loads.discard(req_context.req_id)
         self.observer.request_finished(req_context.req_id)
@@ -317,6 +326,8 @@ class HiStateManager(OffloadingManager):
             results = {k: ok and k not in voided for k, ok in results.items()}
         self.orch.on_ssd_written(results)
         self._books_changed()
+        if self.fleet is not None:
+            self._publish(results)
         for key in voided:
             entry = self.orch.entries.get(key)
             if entry is not None and entry.slot >= 0 and not entry.ssd_pending:
@@ -344,6 +355,94 @@ class HiStateManager(OffloadingManager):
         self._ssd_ops.append(SSDDelete(key, is_state))
         self._books_changed()
 
+    # --- the fleet tier ---
+
+    def _publish(self, results: dict[bytes, bool]) -> None:
+        """Checkpoints whose SSD copy just landed, with a manifest (all their KV chunks on
+        SSD before them), go to the fleet tier too: what the policy keeps past DRAM is
+        what other engines may resume from."""
+        for key, ok in results.items():
+            entry = self.orch.entries.get(key)
+            if ok and entry is not None and entry.is_state and entry.on_ssd and not entry.ahead:
+                self.fleet.publish(key)
+
+    def fleet_gate(self, request, gpu_tokens: int) -> bool:
+        """Whether the request's lookup may go on now (False: ask again next step, while
+        the fleet tier says what it holds or a pull from it lands). Asks once per request,
+        only where the tier could add to the local hit."""
+        fleet = self.fleet
+        if fleet is None or not fleet.enabled:
+            return True
+        self.admit_pulled()
+        rid = request.request_id
+        if rid in self._fleet_asked:
+            if fleet.status(rid) == "pending":
+                return False
+            self.admit_pulled()
+            return True
+        local, candidates = self._fleet_candidates(request, gpu_tokens)
+        if not candidates:
+            return True
+        self._fleet_asked.add(rid)
+        cfg = self.config
+        fleet.fetch(rid, candidates, lambda p: self._fleet_worth(local, p),
+                    cfg.fleet_lookup_timeout_s, cfg.fleet_pull_timeout_s)
+        return False
+
+    def _fleet_candidates(self, request, gpu_tokens: int
+                          ) -> tuple[int, list[tuple[int, list[bytes]]]]:
+        """(the local hit, [(position, its state keys)] past it, deepest first): where a
+        checkpoint of the fleet tier would take the request further than this engine can."""
+        layout = self.layout
+        if not layout.state_group_ids:
+            return 0, []
+        bt = layout.block_tokens
+        hashes = self._block_hashes(request)
+        top = min(len(hashes), (request.num_tokens - 1) // bt)
+        readable = self.orch.readable
+        kv, st = layout.kv_group_ids, sorted(layout.state_group_ids)
+        local = gpu_tokens
+        for i in range(top):
+            if i >= gpu_tokens // bt and not all(readable(make_key(hashes[i], g)) for g in kv):
+                break
+            if all(readable(make_key(hashes[i], g)) for g in st):
+                local = max(local, (i + 1) * bt)
+        candidates = [((i + 1) * bt, [make_key(hashes[i], g) for g in st])
+                      for i in range(top - 1, local // bt - 1, -1)]
+        return local, candidates
+
+    def _fleet_worth(self, local: int, position: int) -> bool:
+        """The cost model's call: pulling the checkpoint at `position` (the KV chunks past
+        the local hit and the states) beats recomputing those tokens, at the fleet tier's
+        measured speed and this engine's measured prefill speed. Unmeasured: pull (and
+        measure)."""
+        layout = self.layout
+        blocks = -(-(position - local) // layout.block_tokens)
+        nbytes = layout.key_bytes * (blocks * len(layout.kv_group_ids)
+                                     + len(layout.state_group_ids))
+        fleet = self.fleet
+        pull = fleet.pull_speed.seconds(nbytes)
+        if pull is None:
+            pull = fleet.publish_speed.seconds(nbytes)
+        if pull is None or self._per_token_s is None:
+            return True
+        return pull < (position - local) * self._per_token_s
+
+    def admit_pulled(self) -> None:
+        """Checkpoints pulled into the local store join the books (the scheduler's thread)."""
+        for p in self.fleet.take_pulled():
+            if self.orch.admit_checkpoint(p.key, p.position, p.chunk_keys, time.monotonic()):
+                self.fleet.counts["admit", "ok"] += 1
+                if self.resumable is not None:
+                    self.resumable.note_manifests({p.key: p.chunk_keys})
+                self._books_changed()
+            else:
+                # Chunks of its held here in DRAM or on their way to SSD: this engine's own
+                # bytes. The pulled state goes (every rank's shard; its chunks are orphans
+                # the store's collector removes unless a checkpoint adopts them).
+                self.fleet.counts["admit", "conflict"] += 1
+                self._ssd_ops.append(SSDDelete(p.key, True))
+
     # --- misc ---
 
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -359,6 +458,10 @@ class HiStateManager(OffloadingManager):
     def reset_cache(self) -> None:
         """Forget every cached copy (vLLM's reset_prefix_cache(reset_connector=True), e.g.
         after a weight update): DRAM copies, SSD entries, and writes in flight."""
+        if self.fleet is not None:
+            # The fleet tier's identity names the weights read at start-up: whatever this
+            # engine computes from now on may come from others.
+            self.fleet.disable("the connector was reset (new weights in place?)")
         self.orch.reset_cache()
         self._books_changed()
         if self.store is None:
@@ -393,6 +496,8 @@ class HiStateManager(OffloadingManager):
         return self.observer.get_stats(force=settled)
 
     def shutdown(self) -> None:
+        if self.fleet is not None:
+            self.fleet.close()
         self.observer.shutdown()
         # vLLM shuts a connector's worker side (which drains its SSD writes) before the
         # scheduler side: the next engine on this directory may open the store now.

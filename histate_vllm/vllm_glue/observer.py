@@ -42,6 +42,9 @@ class Observer:
         self.orch.on_events = self._on_policy_events
         self._gauges_at = float("-inf")
         self._orch_counts_seen: dict[str, int] = {}
+        self._fleet_seen: dict = {}
+        self._fleet_lock = threading.Lock()  # the summary thread counts too
+        self.manager = manager
         self._other_stores = self._sibling_stores()
         log_dir = self.config.event_log_dir
         if log_dir is None and self.store is not None:
@@ -216,6 +219,7 @@ class Observer:
         if force or now - self._gauges_at >= self.GAUGE_INTERVAL:
             gauges, self._gauges_at = self._measure(), now
         self._count_orch_counters()
+        self._count_fleet()
         delta, samples = self.telemetry.take()
         return to_stats(delta, samples, gauges)
 
@@ -234,6 +238,29 @@ class Observer:
         self.telemetry.add("promoted_chunks", n - seen.get("promoted", 0))
         seen["promoted"] = n
 
+    def _count_fleet(self) -> None:
+        """The fleet link's and tiers' counters (cumulative, kept by their threads) as
+        telemetry increments."""
+        fleet = self.manager.fleet
+        if fleet is None:
+            return
+        now: dict = {}
+        for (op, outcome), n in dict(fleet.counts).items():
+            if outcome == "bytes":
+                now["fleet_bytes", ("pulled" if op == "pull" else "published",)] = n
+            else:
+                now["fleet_ops", (op, outcome)] = n
+        for tier in fleet.tiers:
+            for (op, outcome), n in dict(tier.counts).items():
+                if op in ("publish", "restore"):
+                    key = ("fleet_ops", (op, outcome))
+                    now[key] = now.get(key, 0) + n
+        with self._fleet_lock:
+            seen, self._fleet_seen = self._fleet_seen, now
+            for (name, labels), n in now.items():
+                if n != seen.get((name, labels), 0):
+                    self.telemetry.add(name, n - seen.get((name, labels), 0), labels)
+
     def _summary_loop(self) -> None:
         while not self._stop.wait(self.config.summary_interval):
             self.log_summary()
@@ -241,6 +268,7 @@ class Observer:
     def log_summary(self) -> str | None:
         """Log (and return) the INFO line for the counts since the last one; None, and
         nothing logged, when nothing happened (background SSD copies alone do not count)."""
+        self._count_fleet()
         window = self.telemetry.window()
         if not window or {name for name, _ in window} <= {"ssd_writes", "ssd_states_ahead"}:
             return None

@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 for _m in ("torchvision", "torchaudio", "torchcodec"):  # ABI-broken next to the CPU torch
     sys.modules[_m] = None
@@ -149,7 +150,8 @@ def run_engine(spec: dict, out_path: str | None = None, *, timeout: float = 1800
             with open(log_path, "w") as f:
                 f.write(log)
         results = {}
-        if proc.returncode == 0 and os.path.exists(out_path):
+        killed = spec.get("kill_after") and proc.returncode == -9  # as it asked
+        if (proc.returncode == 0 or killed) and os.path.exists(out_path):
             with open(out_path) as f:
                 results = json.load(f)
         return proc.returncode, results, log
@@ -322,7 +324,8 @@ def main(spec_path: str, out_path: str) -> None:
         sys.path[:0] = paths
         os.environ["PYTHONPATH"] = os.pathsep.join(
             paths + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
-    if spec.get("step_times") or any(r.get("settle") for r in spec["requests"]):
+    if (spec.get("step_times") or spec.get("kill_after")
+            or any(r.get("settle") for r in spec["requests"])):
         # `_settle` and the step timers send functions to the workers (collective_rpc),
         # which vLLM's msgpack channel to its own engine core passes only as a pickle.
         # Local processes only.
@@ -462,10 +465,50 @@ def main(spec_path: str, out_path: str) -> None:
             results.append(dict(name=req["name"], gpu_cached_tokens=gpu_hits, wall=wall))
     rss = _engine_rss()
     threads = engine_threads()
+    kill = spec.get("kill_after")
+    if kill:
+        _settle(llm, "the kill")
+        _fleet_quiet(kill["fleet_dir"], kill.get("quiet_s", 2.0))
     with open(out_path, "w") as f:
         json.dump(dict(engine=layout, results=results, rss=rss, threads=threads,
                        threads_start=threads_start), f)
+    if kill:
+        _kill_engine()
     del llm
+
+
+def _fleet_quiet(fleet_dir: str, quiet_s: float, timeout: float = 120.0) -> None:
+    """Wait until the engine's publishes to a fleet directory have stopped: no file added
+    or changed for `quiet_s` (the engine publishes from its own thread once the SSD
+    writes it settled have landed)."""
+    def snapshot():
+        return sorted((str(p), p.stat().st_mtime_ns) for p in Path(fleet_dir).rglob("*")
+                      if p.is_file())
+
+    t0 = time.perf_counter()
+    last, since = snapshot(), time.perf_counter()
+    while time.perf_counter() - since < quiet_s:
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"the fleet directory {fleet_dir} kept changing")
+        time.sleep(0.2)
+        now = snapshot()
+        if now != last:
+            last, since = now, time.perf_counter()
+    print(f"[runner] fleet directory quiet: {sum('/mf/' in n for n, _ in last)} manifests",
+          flush=True)
+
+
+def _kill_engine() -> None:
+    """SIGKILL the engine's processes and this one: nothing shuts down, flushes or
+    unlocks (a server that died)."""
+    import signal
+
+    import psutil
+
+    print("[runner] killing the engine (SIGKILL)", flush=True)
+    for child in psutil.Process().children(recursive=True):
+        child.send_signal(signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

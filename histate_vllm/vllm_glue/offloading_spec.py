@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from vllm.logger import init_logger
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingSpec
 from vllm.v1.kv_offload.config import OffloadingConfig
@@ -137,8 +139,48 @@ class HiStateSpec(OffloadingSpec):
                 step_tokens=self.step_tokens,
                 chunk_tokens=self.chunk_tokens,
                 ranks=self.ranks,
+                fleet=self.open_fleet(store),
             )
         return self._manager
+
+    def open_fleet(self, store):
+        """The engine's link to the fleet tier (docs/fleet.md), or None: not configured, no
+        SSD store to pull into, or the tier unreachable at start-up (said once; the
+        engine serves from its own tiers)."""
+        cfg = self.histate
+        if cfg.fleet_backend is None or store is None:
+            return None
+        from histate_vllm.store.fleet import DirBackend, FleetTier, FleetUnavailable
+        from histate_vllm.store.fleet.backends import MooncakeBackend
+        from histate_vllm.store.fleet.link import FleetLink
+        from histate_vllm.store.reset import rank_identity
+
+        try:
+            if cfg.fleet_backend == "dir":
+                backend = DirBackend(cfg.fleet_dir, cfg.fleet_bytes, fsync=cfg.ssd_fsync)
+                where = cfg.fleet_dir
+            else:
+                backend = MooncakeBackend(
+                    cfg.fleet_master, cfg.fleet_metadata_server,
+                    local_hostname=cfg.fleet_local_hostname or socket.gethostname(),
+                    protocol=cfg.fleet_protocol, device=cfg.fleet_device)
+                where = f"Mooncake Store at {cfg.fleet_master}"
+        except FleetUnavailable as e:
+            logger.warning("HiState fleet tier: %s; serving from this engine's own tiers", e)
+            return None
+        ranks = range(store.identity.tp_size)
+        identities = [rank_identity(store.identity, r) for r in ranks]
+
+        def opener(r: int):
+            if r == 0:
+                return lambda: store
+            return lambda: SSDStore(self.store_root, identities[r],
+                                    budget_bytes=self.histate.ssd_bytes,
+                                    fsync=self.histate.ssd_fsync)
+
+        logger.info("HiState fleet tier: %s (identity %s)", where, identities[0].digest())
+        return FleetLink([FleetTier(backend, i) for i in identities],
+                         [opener(r) for r in ranks])
 
     def get_worker(self, kv_caches: CanonicalKVCaches):
         if self._worker is None:

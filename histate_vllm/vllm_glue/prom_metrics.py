@@ -59,6 +59,13 @@ _DEFS: dict[str, OffloadingMetricMetadata] = {
     "promoted_chunks": _C(documentation="KV chunks a restore read from SSD and kept a DRAM "
                                         "copy of (the SSD copy stays), so the next turn of "
                                         "the session reads them from DRAM."),
+    "fleet_ops": _C(documentation="The fleet tier's operations by outcome: fetch (a request "
+                                  "asking it: pulled, none, not_worth, unavailable, "
+                                  "deadline, skipped), pull (ok or a miss cause), admit (ok, "
+                                  "conflict), publish and restore (per rank's shard: ok or "
+                                  "a failure cause).", labelnames=("op", "outcome")),
+    "fleet_bytes": _C(documentation="Bytes moved to and from the fleet tier.",
+                      labelnames=("direction",)),
     "ssd_write_queue": _G(documentation="SSD copies waiting to be issued or issued and not "
                                          "yet reported back."),
     "bytes": _G(documentation="Bytes held per tier (payload).", labelnames=_TIER),

@@ -521,3 +521,32 @@ def test_a_promotion_never_sheds():
     orch.complete_load(keys, "r", ok=True)
     assert all(policy.where(k) == {Tier.SSD} for k in keys)
     policy.check_invariants()
+
+
+def test_a_checkpoint_pulled_from_the_fleet_joins_the_ssd_tier_and_evicts_by_the_policy():
+    orch, policy, clock, deleted = build(ssd_keys=7)
+    hb = hashes(4)
+    chunks = [make_key(h, 0) for h in hb]
+    assert orch.admit_checkpoint(make_key(hb[3], 1), 4 * BT, chunks, now=100.0)
+    assert all(orch.readable(k) and not orch.in_dram(k) for k in chunks)
+    assert orch.readable(make_key(hb[3], 1))
+    assert policy.used[Tier.SSD] == 5 * KEY
+    # A second one sharing the first two blocks adds only its own keys.
+    other = hashes(4, b"t")
+    more = chunks[:2] + [make_key(h, 0) for h in other[2:]]
+    assert orch.admit_checkpoint(make_key(other[3], 1), 4 * BT, more, now=101.0)
+    assert policy.used[Tier.SSD] <= 7 * KEY  # over the budget: the policy made room
+    assert deleted  # ... by deleting from the store
+    policy.check_invariants()
+
+
+def test_a_pulled_checkpoint_never_meets_kv_this_engine_holds_in_dram_only():
+    orch, policy, clock, deleted = build()
+    hb = hashes(3)
+    orch.note_hit("r", 0)
+    stored, _, _ = orch.offer("r", [make_key(hb[0], 0)], [BT], hb, 3 * BT + 1)
+    orch.complete_store(stored, True)  # in DRAM, its SSD copy not written yet
+    before = dict(orch.entries)
+    chunks = [make_key(h, 0) for h in hb]
+    assert not orch.admit_checkpoint(make_key(hb[2], 1), 3 * BT, chunks, now=5.0)
+    assert orch.entries.keys() == before.keys() and not orch.readable(make_key(hb[2], 1))

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 
 from histate_vllm.store.fleet import objects
 from histate_vllm.store.fleet.backends import FleetUnavailable, FleetWriteFailed
-from histate_vllm.store.format import Kind, StoreIdentity
+from histate_vllm.store.format import ChecksumAlgo, Kind, StoreIdentity
 
-MISS_CAUSES = ("missing", "corrupt", "truncated", "identity", "unavailable")
+# The last two only when pulling into a local store (sync.pull_into_store): a chunk held
+# there with other bytes, or a local store that refused the write.
+MISS_CAUSES = ("missing", "corrupt", "truncated", "identity", "unavailable", "conflict",
+               "local_store")
 
 
 class FleetMiss(Exception):
@@ -34,7 +37,8 @@ class Restored:
     key: bytes
     position: int
     state: memoryview
-    chunks: list[tuple[bytes, memoryview]]  # (key, payload) in prefix order
+    chunks: list[tuple[bytes, memoryview]]  # (key, payload) in prefix order, those read
+    chunk_keys: tuple[bytes, ...] = ()  # every chunk before `position`, in order
 
     @property
     def nbytes(self) -> int:
@@ -45,49 +49,60 @@ class FleetTier:
     def __init__(self, backend, identity: StoreIdentity):
         self.backend = backend
         self.identity = identity
-        # (operation, outcome) -> count: ("publish", "ok" | "exists" | "write_failed" |
-        # "unavailable"), ("restore", "ok" | a miss cause).
+        # (operation, outcome) -> count: ("publish", "ok" | "write_failed" | "unavailable"
+        # | "gone_locally"), ("restore", "ok" | a miss cause), ("lookup", "unavailable").
         self.counts: Counter = Counter()
 
     def publish_checkpoint(self, key: bytes, position: int, state, chunks, *,
                            provenance: str = "") -> bool:
         """Publish a checkpoint: `state` at `position`, `chunks` the (key, payload) of every KV
-        chunk before it. Chunks and state first, the manifest last (its presence publishes).
-        Returns whether it was published; a failure is counted and leaves the tier as it
-        was for every reader."""
+        chunk before it. Returns whether it was published (see `publish_refs`)."""
+        payloads = {}
+        refs = []
+        for ck, payload in chunks:
+            csum, algo = objects.payload_checksum(payload)
+            payloads[ck] = payload
+            refs.append((ck, memoryview(payload).nbytes, csum, int(algo)))
+        ok, _ = self.publish_refs(key, position, state, refs,
+                                  lambda ck, nbytes: payloads[ck], provenance=provenance)
+        return ok
+
+    def publish_refs(self, key: bytes, position: int, state, refs, read, *,
+                     provenance: str = "") -> tuple[bool, int]:
+        """Publish a checkpoint whose chunks are given by reference: `refs` the (key, nbytes,
+        checksum, algorithm) of every KV chunk before `position`, `read(key, nbytes)` their
+        payloads, called only for chunks the tier does not hold yet. Chunks and state
+        first, the manifest last (its presence publishes). Returns (published, bytes
+        sent); a failure is counted and leaves the tier as it was for every reader."""
+        sent = 0
         try:
-            refs = self._put_chunks(chunks, provenance)
+            names = [objects.chunk_name(self.identity, ck, csum) for ck, _, csum, _ in refs]
+            present = self.backend.exists(names) if names else []
+            for (ck, nbytes, csum, algo), name, there in zip(refs, names, present):
+                if there:
+                    continue
+                payload = read(ck, nbytes)
+                obj, _, _ = objects.encode_payload(self.identity, Kind.CHUNK, ck, payload,
+                                                   provenance, (csum, ChecksumAlgo(algo)))
+                self.backend.put(name, obj)
+                sent += len(obj)
             state_file = objects.new_state_file(key)
             obj, csum, algo = objects.encode_payload(self.identity, Kind.STATE, key, state,
                                                      provenance)
             self.backend.put(objects.state_name(self.identity, state_file), obj)
-            self.backend.upsert(objects.manifest_name(self.identity, key),
-                                objects.encode_checkpoint_manifest(
-                                    self.identity, key, position, provenance, state_file,
-                                    len(obj) - objects.HEADER_BYTES, csum, algo, refs))
+            manifest = objects.encode_checkpoint_manifest(
+                self.identity, key, position, provenance, state_file,
+                len(obj) - objects.HEADER_BYTES, csum, algo, refs)
+            self.backend.upsert(objects.manifest_name(self.identity, key), manifest)
+            sent += len(obj) + len(manifest)
         except FleetUnavailable:
             self.counts["publish", "unavailable"] += 1
-            return False
+            return False, sent
         except FleetWriteFailed:
             self.counts["publish", "write_failed"] += 1
-            return False
+            return False, sent
         self.counts["publish", "ok"] += 1
-        return True
-
-    def _put_chunks(self, chunks, provenance: str) -> list[tuple[bytes, int, int, int]]:
-        # A chunk's name needs its checksum; its object is built only where it is absent.
-        summed = [objects.payload_checksum(payload) for _, payload in chunks]
-        names = [objects.chunk_name(self.identity, ck, csum)
-                 for (ck, _), (csum, _) in zip(chunks, summed)]
-        present = self.backend.exists(names) if names else []
-        refs = []
-        for (ck, payload), sums, name, there in zip(chunks, summed, names, present):
-            if not there:
-                obj, _, _ = objects.encode_payload(self.identity, Kind.CHUNK, ck, payload,
-                                                   provenance, sums)
-                self.backend.put(name, obj)
-            refs.append((ck, memoryview(payload).nbytes, sums[0], int(sums[1])))
-        return refs
+        return True, sent
 
     def has_checkpoints(self, keys: list[bytes]) -> list[bool]:
         """Which of these checkpoints have a manifest in the tier (all False when it cannot
@@ -98,10 +113,11 @@ class FleetTier:
             self.counts["lookup", "unavailable"] += 1
             return [False] * len(keys)
 
-    def restore_checkpoint(self, key: bytes) -> Restored:
-        """The checkpoint, whole and checked, or FleetMiss."""
+    def restore_checkpoint(self, key: bytes, have=None) -> Restored:
+        """The checkpoint, whole and checked, or FleetMiss. `have(chunk key, checksum)`:
+        whether the caller holds that chunk already (it is then not read)."""
         try:
-            restored = self._restore(key)
+            restored = self._restore(key, have)
         except FleetMiss as miss:
             self.counts["restore", miss.cause] += 1
             raise
@@ -117,7 +133,7 @@ class FleetTier:
             raise FleetMiss(key, "missing", name)
         return data
 
-    def _restore(self, key: bytes) -> Restored:
+    def _restore(self, key: bytes, have) -> Restored:
         name = objects.manifest_name(self.identity, key)
         try:
             m = objects.verify_manifest(name, self._read(key, name), self.identity, key)
@@ -126,10 +142,12 @@ class FleetTier:
                                            Kind.STATE, key, m.state_nbytes, m.state_checksum)
             chunks = []
             for ck, nbytes, csum in zip(m.chunk_keys, m.chunk_nbytes, m.chunk_checksums):
+                if have is not None and have(ck, csum):
+                    continue
                 cname = objects.chunk_name(self.identity, ck, csum)
                 chunks.append((ck, objects.verify_payload(
                     cname, self._read(key, cname), self.identity, Kind.CHUNK, ck, nbytes,
                     csum)))
         except objects.FleetObjectError as e:
             raise FleetMiss(key, e.cause, str(e)) from None
-        return Restored(key, m.position, state, chunks)
+        return Restored(key, m.position, state, chunks, tuple(m.chunk_keys))

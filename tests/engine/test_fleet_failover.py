@@ -1,0 +1,105 @@
+"""A session moves to another engine through the fleet tier (a shared directory): engine A
+serves its first turn and dies by SIGKILL; engine B, with its own empty SSD store, resumes
+the next turn from the checkpoint A published, exact against a cold run; B over a copy of
+the tier in which that checkpoint's state is another prefix's (re-checksummed, so every
+check passes) is caught by the same comparison (the negative control)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cold, run_engine
+from exactness import assert_caught, matches, measured_tolerance
+from tamper import swap_fleet_state
+
+pytestmark = pytest.mark.engine
+
+MiB = 1 << 20
+rng = random.Random(58)
+
+
+def _tokens(n: int) -> list[int]:
+    return [rng.randrange(2, 2000) for _ in range(n)]
+
+
+A1 = _tokens(3000)
+A2 = A1 + _tokens(40) + _tokens(264)  # the next turn: A1, its answer, a new message
+B1 = _tokens(2600)  # another session on engine A: the negative control's donor state
+
+
+def _req(name, prompt):
+    return dict(name=name, prompt=prompt, max_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fleet-failover")
+
+
+def _spec(tiny_model, work: Path, ssd: str, fleet: str, requests, **extra) -> dict:
+    # One state dtype: the fleet tier moves a store's bytes whatever their layout (both
+    # block sizes run through the local store in test_connector_e2e).
+    return dict(model=tiny_model, num_gpu_blocks=64, ssm_dtype="bfloat16", dense_states=True,
+                connector=dict(dram_bytes=64 * MiB, ssd_dir=str(work / ssd),
+                               ssd_bytes=64 * MiB, fleet_backend="dir",
+                               fleet_dir=str(work / fleet), fleet_bytes=1 << 30),
+                requests=requests, **extra)
+
+
+@pytest.fixture(scope="module")
+def run_a(tiny_model, work):
+    run = run_engine(work, "A", _spec(tiny_model, work, "ssd-a", "fleet",
+                                      [_req("A1", A1), _req("B1", B1)],
+                                      kill_after=dict(fleet_dir=str(work / "fleet"))))
+    assert run.returncode == -9 and run.results, run.log[-4000:]
+    shutil.copytree(work / "fleet", work / "fleet-tampered")
+    return run
+
+
+@pytest.fixture(scope="module")
+def run_b(tiny_model, work, run_a):
+    run = run_engine(work, "B", _spec(tiny_model, work, "ssd-b", "fleet", [_req("A2", A2)]))
+    assert run.returncode == 0, run.log[-4000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def cold(tiny_model, work):
+    spec = dict(model=tiny_model, num_gpu_blocks=64, ssm_dtype="bfloat16",
+                requests=[_req("A2", A2)])
+    return run_cold(work, "C1", spec, 2048), run_cold(work, "C2", spec, 512)
+
+
+@pytest.fixture(scope="module")
+def tolerance(cold):
+    c1, c2 = cold
+    return measured_tolerance([(c2, c1, ["A2"])])
+
+
+def test_the_next_turn_resumes_on_another_engine_from_the_fleet_tier(run_a, run_b):
+    bs = run_b.block_size
+    cached = run_b["A2"]["num_cached_tokens"]
+    # A's deepest checkpoint of A1: its last whole block (a prompt end is checkpointed).
+    assert cached == len(A1) // bs * bs, (cached, run_b.log[-3000:])
+    assert sum(run_b["A2"]["restored"].values()) == cached
+    assert "fleet tier" in run_b.log
+
+
+def test_the_resumed_turn_is_exact(run_b, cold, tolerance):
+    ok, why = matches(run_b["A2"], cold[0]["A2"], tolerance)
+    assert ok, why
+
+
+def test_negative_control_a_wrong_state_in_the_fleet_tier_is_caught(tiny_model, work, run_a,
+                                                                    cold, tolerance):
+    swap_fleet_state(work / "fleet-tampered", run_a["A1"]["request_id"],
+                     run_a["B1"]["request_id"])
+    run = run_engine(work, "Z", _spec(tiny_model, work, "ssd-z", "fleet-tampered",
+                                      [_req("A2", A2)]))
+    assert run.returncode == 0, run.log[-4000:]
+    assert run["A2"]["num_cached_tokens"] > 0  # it did restore the tampered checkpoint
+    assert_caught(run["A2"], cold[0]["A2"], tolerance, "a wrong state from the fleet tier")
