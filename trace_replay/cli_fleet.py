@@ -105,11 +105,12 @@ def cmd_fleet(a: argparse.Namespace) -> int:
     return 0
 
 
-def _spread(xs: list[float], fmt: str) -> str:
+def _spread(xs: list[float], fmt: str, unit: str = "") -> str:
+    """The mean over the seeds, then the range (one seed: its value)."""
     mean = sum(xs) / len(xs)
     if len(xs) == 1:
-        return format(mean, fmt)
-    return f"{format(mean, fmt)} ({format(min(xs), fmt)}-{format(max(xs), fmt)})"
+        return format(mean, fmt) + unit
+    return f"{format(mean, fmt)}{unit} ({format(min(xs), fmt)}-{format(max(xs), fmt)})"
 
 
 def print_tables(rep: dict) -> None:
@@ -126,8 +127,8 @@ def print_tables(rep: dict) -> None:
         name = ROW_NAMES.get(row, row).format(native=s.get("native", ""))
         print(f"| {name} | {_spread([r['ttft_mean'] for r in runs], '.3f')} | "
               f"{_spread([r['ttft_p99'] for r in runs], '.2f')} | "
-              f"{_spread([100 * r['cached'] for r in runs], '.1f')}% | "
-              f"{_spread([100 * r['fleet_tokens'] for r in runs], '.2f')}% | "
+              f"{_spread([100 * r['cached'] for r in runs], '.1f', '%')} | "
+              f"{_spread([100 * r['fleet_tokens'] for r in runs], '.2f', '%')} | "
               f"{_spread([r['fleet_read_gb'] for r in runs], '.0f')} | "
-              f"{_spread([100 * r['moved'] for r in runs], '.0f')}% |")
+              f"{_spread([100 * r['moved'] for r in runs], '.0f', '%')} |")
     print()
