@@ -66,9 +66,33 @@ def _dram_states(events: Sequence[ev.Event]) -> dict[bytes, ev.Event]:
     return live
 
 
+def fleet_rows(fleet_dir: str, ident) -> list[dict]:
+    """Rows (tier "fleet") for the checkpoints a fleet directory holds under `ident`."""
+    from histate_vllm.store.fleet import objects
+    from histate_vllm.store.format import FormatError, decode_manifest
+
+    rows = []
+    mf = os.path.join(fleet_dir, objects.prefix(ident), "mf")
+    for name in sorted(os.listdir(mf)) if os.path.isdir(mf) else ():
+        path = os.path.join(mf, name)
+        try:
+            m = decode_manifest(open(path, "rb").read())
+            mtime = os.stat(path).st_mtime
+        except (OSError, FormatError):
+            continue  # being replaced, or damaged: a restore would refuse it too
+        if m.identity != ident:
+            continue
+        rows.append(dict(key=m.key, node=m.key[:-4], position=m.position, tier="fleet",
+                         size=m.state_nbytes + sum(m.chunk_nbytes), last_use=mtime,
+                         score=None, request=m.provenance))
+    return rows
+
+
 def checkpoint_rows(ident_dir: str, events: Sequence[ev.Event],
-                    lookups: Sequence[Lookup] = ()) -> list[dict]:
-    """One row per checkpoint of the store (and DRAM ones from the log), by session."""
+                    lookups: Sequence[Lookup] = (), fleet_dir: str | None = None
+                    ) -> list[dict]:
+    """One row per checkpoint of the store (and DRAM ones from the log, and the fleet
+    directory's of the same identity), by session."""
     ident = _identity_of(ident_dir)
     rows: list[dict] = []
     last_use: dict[bytes, float] = {}
@@ -93,6 +117,10 @@ def checkpoint_rows(ident_dir: str, events: Sequence[ev.Event],
             rows.append(dict(key=key, node=node, position=info.position, tier="ssd",
                              size=info.nbytes, last_use=info.mtime,
                              score=score.get(node), request=info.provenance))
+    if fleet_dir is not None and ident is not None:
+        for r in fleet_rows(fleet_dir, ident):
+            chains.setdefault(r["node"], [r["node"]])
+            rows.append(r)
     for key, e in _dram_states(events).items():
         rows.append(dict(key=key, node=e.node, position=e.position, tier="dram", size=None,
                          last_use=None, score=score.get(e.node), request=e.request_id))
@@ -232,6 +260,8 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("dir", help="ssd_dir, an identity directory in it, or an event-log dir")
     ap.add_argument("why", nargs="?", choices=["why"], help="explain a prompt's hit or miss")
     ap.add_argument("prompt_file", nargs="?")
+    ap.add_argument("--fleet-dir", help="a fleet tier's shared directory (fleet_dir): its "
+                    "checkpoints of the same identity are listed as tier \"fleet\"")
     ap.add_argument("--tokenizer", help="model or tokenizer for a text/chat PROMPT_FILE")
     ap.add_argument("--cache-salt", help="the prompt's cache_salt (only requests with the "
                     "same salt are compared)")
@@ -262,7 +292,7 @@ def _main(argv: Sequence[str] | None) -> int:
     for s in stores or [args.dir]:
         own = _log_dir(s)
         ev_s = read_log(own)[0] if own else (events if not stores else [])
-        rows = checkpoint_rows(s, ev_s, lookups)
+        rows = checkpoint_rows(s, ev_s, lookups, args.fleet_dir)
         print_table(rows, f"{s}: {len(rows)} checkpoints", console)
     if lookups:
         misses = [lk for lk in lookups if lk.cause]

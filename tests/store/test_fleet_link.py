@@ -234,3 +234,18 @@ def test_publishes_beyond_the_queue_are_skipped_not_blocking(tmp_path):
     assert time.monotonic() - t0 < 1.0
     assert link.counts["publish", "skipped_busy"] > 0
     backend.release.set()
+
+
+def test_inspect_lists_the_fleet_tier_and_where_a_pulled_checkpoint_came_from(tmp_path,
+                                                                              fleet, capsys):
+    from histate_vllm.bookkeeping.log_inspect import main as inspect
+
+    a, b = engine_store(tmp_path / "a"), engine_store(tmp_path / "b")
+    write_session(a, 4)
+    publish_from_store(fleet(), a, st(4))
+    publish_from_store(fleet(), a, st(2))
+    pull_into_store(fleet(), b, st(2))
+    assert inspect([str(tmp_path / "b"), "--fleet-dir", str(tmp_path / "fleet")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("fleet") >= 2 and "fleet:a" in out  # rows in the tier, and b's pull
+    assert "1024" in out and "512" in out

@@ -67,14 +67,15 @@ def pull_into_store(tier: FleetTier, store, key: bytes) -> Pulled:
         return True  # same bytes, or a conflict reported below: not read either way
 
     restored = tier.restore_checkpoint(key, have=have)
+    origin = f"fleet:{restored.provenance}"  # `inspect` shows where it came from
     if local:
         tier.counts["restore", "conflict"] += 1
         raise FleetMiss(key, "conflict", f"{len(local)} chunk(s) held here with other bytes")
     try:
         for ck, payload in restored.chunks:
-            store.write_chunk(ck, payload, provenance="fleet")
+            store.write_chunk(ck, payload, provenance=origin)
         store.publish_checkpoint(key, restored.state, position=restored.position,
-                                 chunk_keys=restored.chunk_keys, provenance="fleet")
+                                 chunk_keys=restored.chunk_keys, provenance=origin)
     except ChunkConflict as e:
         tier.counts["restore", "conflict"] += 1
         raise FleetMiss(key, "conflict", str(e)) from None

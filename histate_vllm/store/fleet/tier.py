@@ -39,6 +39,7 @@ class Restored:
     state: memoryview
     chunks: list[tuple[bytes, memoryview]]  # (key, payload) in prefix order, those read
     chunk_keys: tuple[bytes, ...] = ()  # every chunk before `position`, in order
+    provenance: str = ""  # the request that computed it, on the engine that published it
 
     @property
     def nbytes(self) -> int:
@@ -150,4 +151,4 @@ class FleetTier:
                     csum)))
         except objects.FleetObjectError as e:
             raise FleetMiss(key, e.cause, str(e)) from None
-        return Restored(key, m.position, state, chunks, tuple(m.chunk_keys))
+        return Restored(key, m.position, state, chunks, tuple(m.chunk_keys), m.provenance)
