@@ -386,8 +386,18 @@ class HiStateManager(OffloadingManager):
         self._fleet_asked.add(rid)
         cfg = self.config
         fleet.fetch(rid, candidates, lambda p: self._fleet_worth(local, p),
-                    cfg.fleet_lookup_timeout_s, cfg.fleet_pull_timeout_s)
+                    cfg.fleet_lookup_timeout_s, cfg.fleet_pull_timeout_s,
+                    self._own_chunks(request, candidates[0][0]))
         return False
+
+    def _own_chunks(self, request, position: int) -> frozenset:
+        """KV chunks of the request's first `position` tokens this engine holds outside its
+        SSD store (DRAM, a write in flight): its own bytes, which no pulled state meets."""
+        entries = self.orch.entries
+        hashes = self._block_hashes(request)[: position // self.layout.block_tokens]
+        return frozenset(k for h in hashes for g in self.layout.kv_group_ids
+                         if (e := entries.get(k := make_key(h, g))) is not None
+                         and not e.on_ssd)
 
     def _fleet_candidates(self, request, gpu_tokens: int
                           ) -> tuple[int, list[tuple[int, list[bytes]]]]:
@@ -441,7 +451,8 @@ class HiStateManager(OffloadingManager):
                 # bytes. The pulled state goes (every rank's shard; its chunks are orphans
                 # the store's collector removes unless a checkpoint adopts them).
                 self.fleet.counts["admit", "conflict"] += 1
-                self._ssd_ops.append(SSDDelete(p.key, True))
+                if p.key not in self.orch.entries:  # else this engine's own copy is there
+                    self._ssd_ops.append(SSDDelete(p.key, True))
 
     # --- misc ---
 

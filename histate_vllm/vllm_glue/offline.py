@@ -394,6 +394,11 @@ def main(spec_path: str, out_path: str) -> None:
                                {r["name"]: r["token_ids"] for r in results})
         if req.get("settle"):
             _settle(llm, req["name"])
+        if req.get("kill_pid"):  # a fault beside the engine (e.g. the fleet tier's master)
+            import signal
+
+            os.kill(req["kill_pid"], signal.SIGKILL)
+            print(f"[runner] killed pid {req['kill_pid']} before {req['name']}", flush=True)
         # A batch: its requests go to the engine together (they queue, and a restore can
         # find other requests' prefills and loads in flight); one at a time otherwise.
         batch = req.get("batch") or [req]
@@ -468,7 +473,10 @@ def main(spec_path: str, out_path: str) -> None:
     kill = spec.get("kill_after")
     if kill:
         _settle(llm, "the kill")
-        _fleet_quiet(kill["fleet_dir"], kill.get("quiet_s", 2.0))
+        if kill.get("fleet_dir"):
+            _fleet_quiet(kill["fleet_dir"], kill.get("quiet_s", 2.0))
+        else:  # a tier this process cannot list (Mooncake Store): time for the publishes
+            time.sleep(kill.get("wait_s", 5.0))
     with open(out_path, "w") as f:
         json.dump(dict(engine=layout, results=results, rss=rss, threads=threads,
                        threads_start=threads_start), f)

@@ -60,7 +60,7 @@ _DEFS: dict[str, OffloadingMetricMetadata] = {
                                         "copy of (the SSD copy stays), so the next turn of "
                                         "the session reads them from DRAM."),
     "fleet_ops": _C(documentation="The fleet tier's operations by outcome: fetch (a request "
-                                  "asking it: pulled, none, not_worth, unavailable, "
+                                  "asking it: pulled, none, not_worth, failed, unavailable, "
                                   "deadline, skipped), pull (ok or a miss cause), admit (ok, "
                                   "conflict), publish and restore (per rank's shard: ok or "
                                   "a failure cause).", labelnames=("op", "outcome")),

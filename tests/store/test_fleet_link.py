@@ -249,3 +249,13 @@ def test_inspect_lists_the_fleet_tier_and_where_a_pulled_checkpoint_came_from(tm
     out = capsys.readouterr().out
     assert out.count("fleet") >= 2 and "fleet:a" in out  # rows in the tier, and b's pull
     assert "1024" in out and "512" in out
+
+
+def test_a_chunk_held_in_dram_is_avoided_before_anything_is_written(tmp_path, fleet):
+    a, b = engine_store(tmp_path / "a"), engine_store(tmp_path / "b")
+    write_session(a, 4)
+    publish_from_store(fleet(), a, st(4))
+    with pytest.raises(FleetMiss) as e:
+        pull_into_store(fleet(), b, st(4), avoid=frozenset([ck(2)]))
+    assert e.value.cause == "conflict"
+    assert not any(b.has_chunk(ck(i)) for i in range(4)) and not b.has_checkpoint(st(4))

@@ -20,7 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_fleet_tier_on_mooncake_in_a_private_network():
+def private_network_or_skip(command: str) -> str:
+    """The shell line that runs `command` in a private network namespace (a veth pair with a
+    link-local address beside loopback), or a skip saying what this machine lacks."""
     if importlib.util.find_spec("mooncake") is None:
         pytest.skip("Mooncake Store is not installed (the fleet extra: scripts/setup.sh)")
     loads = subprocess.run([sys.executable, "-c", "import mooncake.store"],
@@ -36,10 +38,15 @@ def test_fleet_tier_on_mooncake_in_a_private_network():
     # Mooncake's transfer engine starts only where it finds a non-loopback address: a veth
     # pair with a link-local one, in this namespace alone (traffic still goes to the
     # 127.0.0.1 everything advertises).
-    inner = ("ip link set lo up && ip link add hs0 type veth peer name hs1 && "
-             "ip addr add 169.254.77.1/32 dev hs0 && ip link set hs0 up && "
-             f"ip link set hs1 up && exec {sys.executable} -m pytest -q -p no:cacheprovider "
-             f"{REPO / 'tests/store/fleet_mooncake_cases.py'}")
+    return ("ip link set lo up && ip link add hs0 type veth peer name hs1 && "
+            "ip addr add 169.254.77.1/32 dev hs0 && ip link set hs0 up && "
+            f"ip link set hs1 up && exec {command}")
+
+
+def test_fleet_tier_on_mooncake_in_a_private_network():
+    inner = private_network_or_skip(
+        f"{sys.executable} -m pytest -q -p no:cacheprovider "
+        f"{REPO / 'tests/store/fleet_mooncake_cases.py'}")
     run = subprocess.run(["unshare", "-n", "sh", "-c", inner], cwd=REPO, capture_output=True,
                          text=True, timeout=900,
                          env=dict(os.environ, HISTATE_PRIVATE_NET="1"))

@@ -71,6 +71,9 @@ class Fetch:
     worth: Callable[[int], bool]
     deadline: float
     pull_timeout_s: float = 30.0
+    # Chunk keys the engine holds with its own bytes outside its SSD store (DRAM, a write
+    # in flight): a checkpoint naming one is not pulled.
+    avoid: frozenset = frozenset()
     done: bool = False
     position: int = 0  # what was pulled (0: nothing)
     pulled: list[Pulled] = field(default_factory=list)
@@ -107,11 +110,11 @@ class FleetLink:
 
     def fetch(self, req_id: str, candidates: list[tuple[int, list[bytes]]],
               worth: Callable[[int], bool], lookup_timeout_s: float,
-              pull_timeout_s: float) -> None:
+              pull_timeout_s: float, avoid: frozenset = frozenset()) -> None:
         """Ask for a request's deepest candidate: the request waits at most
         `lookup_timeout_s` for the answer, and `pull_timeout_s` more for a pull."""
         f = Fetch(req_id, candidates, worth, time.monotonic() + lookup_timeout_s,
-                  pull_timeout_s)
+                  pull_timeout_s, avoid)
         with self._lock:
             self._open[req_id] = f
         self._fetches.put(f)
@@ -229,13 +232,14 @@ class FleetLink:
                 with self._lock:  # the request waits for the pull, unless it went on
                     if f.deadline != float("inf"):
                         f.deadline = time.monotonic() + f.pull_timeout_s
-                pulled = self._pull(ks, ranks)
-                if pulled is not None:
-                    f.position, f.pulled = position, pulled
-                    self.counts["fetch", "pulled"] += 1
+                pulled = self._pull(ks, ranks, f.avoid)
+                if pulled is None:  # counted by cause; a shallower one would share it
+                    self.counts["fetch", "failed"] += 1
                     return
-            else:
-                self.counts["fetch", "none"] += 1
+                f.position, f.pulled = position, pulled
+                self.counts["fetch", "pulled"] += 1
+                return
+            self.counts["fetch", "none"] += 1
         finally:
             self._finish(f)
 
@@ -247,14 +251,16 @@ class FleetLink:
             out = [a and b for a, b in zip(out, tier.backend.exists(names))]
         return out
 
-    def _pull(self, keys: list[bytes], ranks) -> list[Pulled] | None:
-        """Every rank's shard of every key (a checkpoint's state groups), or none of them."""
+    def _pull(self, keys: list[bytes], ranks, avoid=frozenset()) -> list[Pulled] | None:
+        """Every rank's shard of every key (a checkpoint's state groups), or none of them;
+        none where the checkpoint names a chunk in `avoid`."""
         t0 = time.perf_counter()
         done: list[tuple[int, Pulled]] = []
         try:
             for key in keys:
                 for r in ranks:
-                    done.append((r, pull_into_store(self.tiers[r], self._store(r), key)))
+                    done.append((r, pull_into_store(self.tiers[r], self._store(r), key,
+                                                    avoid)))
         except FleetMiss as miss:
             self.counts["pull", miss.cause] += 1
             for r, p in done:  # not every shard: the others must not be restored alone

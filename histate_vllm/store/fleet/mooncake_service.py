@@ -107,10 +107,17 @@ class MooncakeService:
         self.start_segment_holder()
         return self
 
+    @property
+    def master_proc(self) -> subprocess.Popen:
+        return next(p for p in self.procs if os.path.basename(p.args[0]) == "mooncake_master")
+
     def stop_master(self) -> None:
-        """Kill the master alone (a fault: every key it knew is lost)."""
-        self.procs[0].kill()
-        self.procs[0].wait()
+        """Kill the master alone (a fault: every key it knew is lost); `start_master`
+        starts another on the same ports."""
+        master = self.master_proc
+        master.kill()
+        master.wait()
+        self.procs.remove(master)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

@@ -50,12 +50,17 @@ def publish_from_store(tier: FleetTier, store, key: bytes) -> int:
     return sent if ok else 0
 
 
-def pull_into_store(tier: FleetTier, store, key: bytes) -> Pulled:
+def pull_into_store(tier: FleetTier, store, key: bytes, avoid=frozenset()) -> Pulled:
     """Restore `key` from `tier` into `store` (FleetMiss with a cause otherwise, the local
-    store then holding at most chunks no manifest names, which its collector removes)."""
+    store then holding at most chunks no manifest names, which its collector removes).
+    `avoid`: chunk keys the engine holds with its own bytes elsewhere (DRAM): a checkpoint
+    naming one is refused before anything is read or written."""
     local = {}
 
     def have(ck: bytes, csum: int) -> bool:
+        if ck in avoid:
+            local[ck] = None
+            return True
         if not store.has_chunk(ck):
             return False
         try:
@@ -67,10 +72,10 @@ def pull_into_store(tier: FleetTier, store, key: bytes) -> Pulled:
         return True  # same bytes, or a conflict reported below: not read either way
 
     restored = tier.restore_checkpoint(key, have=have)
-    origin = f"fleet:{restored.provenance}"  # `inspect` shows where it came from
-    if local:
+    if local:  # before any write: the books hold these chunks with this engine's bytes
         tier.counts["restore", "conflict"] += 1
         raise FleetMiss(key, "conflict", f"{len(local)} chunk(s) held here with other bytes")
+    origin = f"fleet:{restored.provenance}"  # `inspect` shows where it came from
     try:
         for ck, payload in restored.chunks:
             store.write_chunk(ck, payload, provenance=origin)
