@@ -12,7 +12,13 @@ import time
 
 import pytest
 
-from histate_vllm.store.fleet import FleetMiss, FleetTier, MooncakeBackend, objects
+from histate_vllm.store.fleet import (
+    FleetMiss,
+    FleetTier,
+    FleetUnavailable,
+    MooncakeBackend,
+    objects,
+)
 from histate_vllm.store.fleet.mooncake_service import MooncakeService
 from tests.store.test_fleet_tier import assert_restored, checkpoint, identity, page
 
@@ -84,6 +90,14 @@ def test_a_damaged_object_is_a_miss(service, how, cause):
     with pytest.raises(FleetMiss) as e:
         tier.restore_checkpoint(key)
     assert e.value.cause == cause
+
+
+def test_a_master_down_at_start_is_unavailable_not_a_hang(service):
+    service.stop_master()
+    t = time.monotonic()
+    with pytest.raises(FleetUnavailable):
+        backend(service)  # the engine then serves from its own tiers (spec.open_fleet)
+    assert time.monotonic() - t < 30
 
 
 def test_master_down_then_restarted(service):

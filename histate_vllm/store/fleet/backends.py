@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import socket
 import time
 from pathlib import Path
 
@@ -161,6 +162,14 @@ class MooncakeBackend:
                                    "(pip install 'histate-vllm[fleet]')") from e
         self.retry_s = retry_s
         self._down_until = 0.0
+        # Mooncake's setup retries a master it cannot reach 20 times, about 90 s in all:
+        # one connect says at once whether anything listens there.
+        host, _, port = master.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
+        except (OSError, ValueError) as e:
+            raise FleetUnavailable(errno.ECONNREFUSED,
+                                   f"Mooncake master {master} unreachable: {e}") from None
         self._store = MooncakeDistributedStore()
         rc = self._store.setup(local_hostname, metadata_server, segment_bytes, buffer_bytes,
                                protocol, device, master)
