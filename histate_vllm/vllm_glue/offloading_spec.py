@@ -160,11 +160,19 @@ class HiStateSpec(OffloadingSpec):
                 backend = DirBackend(cfg.fleet_dir, cfg.fleet_bytes, fsync=cfg.ssd_fsync)
                 where = cfg.fleet_dir
             else:
-                backend = MooncakeBackend(
-                    cfg.fleet_master, cfg.fleet_metadata_server,
-                    local_hostname=cfg.fleet_local_hostname or socket.gethostname(),
-                    protocol=cfg.fleet_protocol, device=cfg.fleet_device)
                 where = f"Mooncake Store at {cfg.fleet_master}"
+                try:
+                    backend = MooncakeBackend(
+                        cfg.fleet_master, cfg.fleet_metadata_server,
+                        local_hostname=cfg.fleet_local_hostname or socket.gethostname(),
+                        protocol=cfg.fleet_protocol, device=cfg.fleet_device)
+                except FleetUnavailable as e:  # an outage: joins the tier once it is back
+                    logger.warning("HiState fleet tier: %s; serving from this engine's own "
+                                   "tiers until it answers", e)
+                    backend = MooncakeBackend(
+                        cfg.fleet_master, cfg.fleet_metadata_server,
+                        local_hostname=cfg.fleet_local_hostname or socket.gethostname(),
+                        protocol=cfg.fleet_protocol, device=cfg.fleet_device, lazy=True)
         except FleetUnavailable as e:
             logger.warning("HiState fleet tier: %s; serving from this engine's own tiers", e)
             return None

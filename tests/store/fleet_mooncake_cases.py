@@ -96,8 +96,17 @@ def test_a_master_down_at_start_is_unavailable_not_a_hang(service):
     service.stop_master()
     t = time.monotonic()
     with pytest.raises(FleetUnavailable):
-        backend(service)  # the engine then serves from its own tiers (spec.open_fleet)
+        backend(service)
     assert time.monotonic() - t < 30
+    # An engine's backend is lazy (spec.open_fleet): it serves from its own tiers and joins
+    # the tier once the master is back.
+    lazy = backend(service, lazy=True, retry_s=0.5)
+    with pytest.raises(FleetUnavailable):
+        lazy.exists(["x"])
+    service.start_master()
+    time.sleep(0.6)
+    assert lazy.exists(["x"]) == [False]  # connected (writes need a segment mounted on
+    # the new master: a restarted master has lost its segments as well as its objects)
 
 
 def test_master_down_then_restarted(service):

@@ -154,32 +154,51 @@ class MooncakeBackend:
 
     def __init__(self, master: str, metadata_server: str, *, local_hostname: str = "127.0.0.1",
                  segment_bytes: int = 0, buffer_bytes: int = 64 << 20, protocol: str = "tcp",
-                 device: str = "", retry_s: float = 5.0):
+                 device: str = "", retry_s: float = 5.0, lazy: bool = False):
+        """`lazy`: a master unreachable now is not an error: the first call every
+        `retry_s` tries to connect again (an engine started during an outage joins the
+        tier once its master is back); otherwise FleetUnavailable at once."""
         try:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as e:
             raise FleetUnavailable(errno.ENOPKG, "Mooncake Store is not installed "
                                    "(pip install 'histate-vllm[fleet]')") from e
+        self._new_store = MooncakeDistributedStore
+        self._setup = (local_hostname, metadata_server, segment_bytes, buffer_bytes,
+                       protocol, device, master)
+        self.master = master
         self.retry_s = retry_s
         self._down_until = 0.0
+        self._store = None
+        try:
+            self._connect()
+        except FleetUnavailable:
+            if not lazy:
+                raise
+
+    def _connect(self) -> None:
         # Mooncake's setup retries a master it cannot reach 20 times, about 90 s in all:
         # one connect says at once whether anything listens there.
-        host, _, port = master.rpartition(":")
+        host, _, port = self.master.rpartition(":")
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
+            store = self._new_store()
+            rc = store.setup(*self._setup)
         except (OSError, ValueError) as e:
+            self._down_until = time.monotonic() + self.retry_s
             raise FleetUnavailable(errno.ECONNREFUSED,
-                                   f"Mooncake master {master} unreachable: {e}") from None
-        self._store = MooncakeDistributedStore()
-        rc = self._store.setup(local_hostname, metadata_server, segment_bytes, buffer_bytes,
-                               protocol, device, master)
+                                   f"Mooncake master {self.master} unreachable: {e}") from None
         if rc != 0:
+            self._down_until = time.monotonic() + self.retry_s
             raise FleetUnavailable(errno.ECONNREFUSED,
-                                   f"Mooncake Store at {master}: setup returned {rc}")
+                                   f"Mooncake Store at {self.master}: setup returned {rc}")
+        self._store = store
 
     def _check(self) -> None:
         if time.monotonic() < self._down_until:
             raise FleetUnavailable(errno.ECONNREFUSED, "Mooncake master unreachable (recently)")
+        if self._store is None:
+            self._connect()
 
     def _failed(self, rc: int, what: str):
         # Mooncake's error codes: -600 no space, -900 RPC to the master failed.
@@ -224,4 +243,5 @@ class MooncakeBackend:
         self._store.remove(name)  # an object in use (leased) stays: it is evicted later
 
     def close(self) -> None:
-        self._store.close()
+        if self._store is not None:
+            self._store.close()
