@@ -227,22 +227,30 @@ class Orchestrator:
                          now: float) -> bool:
         """A checkpoint another engine computed, now whole in the local SSD store (the
         fleet tier's pull): its copies join the SSD tier as restored ones, used `now`
-        (the policy's own clock is not this one; only the order matters). False, and
-        nothing admitted, where a chunk it names is held here in DRAM only or is being
-        written: those bytes are this engine's own computation, which the pulled state
-        must not meet (the caller deletes what the pull wrote)."""
+        (the policy's own clock is not this one; only the order matters). A chunk held
+        here in DRAM only gains its SSD copy (the pull wrote it). False, and nothing
+        admitted, where the state is held here already, or a chunk it names is being
+        written to SSD or may not go there (`dram_only`): the caller deletes the state."""
         items = self._checkpoint_items(key, position, chunk_keys)
-        fresh = []
+        if key in self.entries:
+            return False
+        fresh, gained = [], []
         for item in items:
             entry = self.entries.get(item.key)
             if entry is None:
                 fresh.append(item)
-            elif entry.ssd_pending or not entry.on_ssd:
+            elif entry.ssd_pending or entry.dram_only:
                 return False
+            elif not entry.on_ssd:
+                gained.append(entry)
+                fresh.append(item)
+        for entry in gained:
+            entry.on_ssd = True
         for item in fresh:
-            self.entries[item.key] = Entry(is_state=item.kind == Kind.STATE,
-                                           position=item.position, nbytes=item.nbytes,
-                                           on_ssd=True)
+            if item.key not in self.entries:
+                self.entries[item.key] = Entry(is_state=item.kind == Kind.STATE,
+                                               position=item.position, nbytes=item.nbytes,
+                                               on_ssd=True)
         for k in self.policy.restore_resident(fresh, Tier.SSD, last_access=[now] * len(fresh),
                                               now=now):
             self._drop(k, Tier.SSD)  # over the budget: the policy's order decides

@@ -386,18 +386,8 @@ class HiStateManager(OffloadingManager):
         self._fleet_asked.add(rid)
         cfg = self.config
         fleet.fetch(rid, candidates, lambda p: self._fleet_worth(local, p),
-                    cfg.fleet_lookup_timeout_s, cfg.fleet_pull_timeout_s,
-                    self._own_chunks(request, candidates[0][0]))
+                    cfg.fleet_lookup_timeout_s, cfg.fleet_pull_timeout_s)
         return False
-
-    def _own_chunks(self, request, position: int) -> frozenset:
-        """KV chunks of the request's first `position` tokens this engine holds outside its
-        SSD store (DRAM, a write in flight): its own bytes, which no pulled state meets."""
-        entries = self.orch.entries
-        hashes = self._block_hashes(request)[: position // self.layout.block_tokens]
-        return frozenset(k for h in hashes for g in self.layout.kv_group_ids
-                         if (e := entries.get(k := make_key(h, g))) is not None
-                         and not e.on_ssd)
 
     def _fleet_candidates(self, request, gpu_tokens: int
                           ) -> tuple[int, list[tuple[int, list[bytes]]]]:
@@ -447,9 +437,9 @@ class HiStateManager(OffloadingManager):
                     self.resumable.note_manifests({p.key: p.chunk_keys})
                 self._books_changed()
             else:
-                # Chunks of its held here in DRAM or on their way to SSD: this engine's own
-                # bytes. The pulled state goes (every rank's shard; its chunks are orphans
-                # the store's collector removes unless a checkpoint adopts them).
+                # Its state is held here already, or a chunk of it is being written to SSD:
+                # the pulled state goes (every rank's shard; chunks no manifest names are
+                # removed by the store's collector).
                 self.fleet.counts["admit", "conflict"] += 1
                 if p.key not in self.orch.entries:  # else this engine's own copy is there
                     self._ssd_ops.append(SSDDelete(p.key, True))

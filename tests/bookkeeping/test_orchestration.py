@@ -540,13 +540,20 @@ def test_a_checkpoint_pulled_from_the_fleet_joins_the_ssd_tier_and_evicts_by_the
     policy.check_invariants()
 
 
-def test_a_pulled_checkpoint_never_meets_kv_this_engine_holds_in_dram_only():
+def test_a_pulled_checkpoint_gives_a_chunk_held_in_dram_its_ssd_copy():
     orch, policy, clock, deleted = build()
     hb = hashes(3)
     orch.note_hit("r", 0)
     stored, _, _ = orch.offer("r", [make_key(hb[0], 0)], [BT], hb, 3 * BT + 1)
-    orch.complete_store(stored, True)  # in DRAM, its SSD copy not written yet
-    before = dict(orch.entries)
+    orch.complete_store(stored, True)
+    orch.take_ssd_writes()  # its SSD copy is being written: a pull must wait
     chunks = [make_key(h, 0) for h in hb]
     assert not orch.admit_checkpoint(make_key(hb[2], 1), 3 * BT, chunks, now=5.0)
-    assert orch.entries.keys() == before.keys() and not orch.readable(make_key(hb[2], 1))
+    assert not orch.readable(make_key(hb[2], 1))
+    orch.on_ssd_written({stored[0]: False})  # the write failed: DRAM only now
+    assert orch.admit_checkpoint(make_key(hb[2], 1), 3 * BT, chunks, now=6.0)
+    e = orch.entries[chunks[0]]
+    assert e.on_ssd and e.slot >= 0  # its DRAM copy stays, its SSD copy is the pulled one
+    assert orch.readable(make_key(hb[2], 1))
+    assert not orch.admit_checkpoint(make_key(hb[2], 1), 3 * BT, chunks, now=7.0)  # held
+    policy.check_invariants()

@@ -1,6 +1,7 @@
 """A session moves to another engine through the fleet tier (a shared directory): engine A
-serves its first turn and dies by SIGKILL; engine B, with its own empty SSD store, resumes
-the next turn from the checkpoint A published, exact against a cold run; B over a copy of
+serves its first turn and dies by SIGKILL; engine B, with its own SSD store, which has
+computed the turn's first blocks itself for another prompt, resumes the next turn from the
+checkpoint A published, exact against a cold run; B over a copy of
 the tier in which that checkpoint's state is another prefix's (re-checksummed, so every
 check passes) is caught by the same comparison (the negative control)."""
 
@@ -29,6 +30,10 @@ def _tokens(n: int) -> list[int]:
 A1 = _tokens(3000)
 A2 = A1 + _tokens(40) + _tokens(264)  # the next turn: A1, its answer, a new message
 B1 = _tokens(2600)  # another session on engine A: the negative control's donor state
+# Served by engine B before A2: B computes A1's first 1792 tokens itself (A checkpoints
+# A1 deeper than that), so A2 resumes from A's checkpoint over KV of which B computed the
+# first blocks (as vLLM's prefix cache mixes computations of a prefix).
+P = A1[:1792] + _tokens(500)
 
 
 def _req(name, prompt):
@@ -62,7 +67,9 @@ def run_a(tiny_model, work):
 
 @pytest.fixture(scope="module")
 def run_b(tiny_model, work, run_a):
-    run = run_engine(work, "B", _spec(tiny_model, work, "ssd-b", "fleet", [_req("A2", A2)]))
+    spec = _spec(tiny_model, work, "ssd-b", "fleet", [_req("P", P), _req("A2", A2)])
+    spec["connector"]["summary_interval"] = 1.0
+    run = run_engine(work, "B", spec)
     assert run.returncode == 0, run.log[-4000:]
     return run
 
@@ -85,8 +92,10 @@ def test_the_next_turn_resumes_on_another_engine_from_the_fleet_tier(run_a, run_
     cached = run_b["A2"]["num_cached_tokens"]
     # A's deepest checkpoint of A1: its last whole block (a prompt end is checkpointed).
     assert cached == len(A1) // bs * bs, (cached, run_b.log[-3000:])
-    assert sum(run_b["A2"]["restored"].values()) == cached
-    assert "fleet tier" in run_b.log
+    assert run_b["P"]["num_cached_tokens"] == 0  # B computed A1's first blocks itself
+    assert run_b["A2"]["gpu_cached_tokens"] > 0  # ... and serves them from its GPU
+    assert run_b["A2"]["restored"].get("ssd", 0) > 0  # the rest: the pull, via B's SSD
+    assert "fetch:pulled=1" in run_b.log
 
 
 def test_the_resumed_turn_is_exact(run_b, cold, tolerance):

@@ -71,9 +71,6 @@ class Fetch:
     worth: Callable[[int], bool]
     deadline: float
     pull_timeout_s: float = 30.0
-    # Chunk keys the engine holds with its own bytes outside its SSD store (DRAM, a write
-    # in flight): a checkpoint naming one is not pulled.
-    avoid: frozenset = frozenset()
     done: bool = False
     position: int = 0  # what was pulled (0: nothing)
     pulled: list[Pulled] = field(default_factory=list)
@@ -110,11 +107,11 @@ class FleetLink:
 
     def fetch(self, req_id: str, candidates: list[tuple[int, list[bytes]]],
               worth: Callable[[int], bool], lookup_timeout_s: float,
-              pull_timeout_s: float, avoid: frozenset = frozenset()) -> None:
+              pull_timeout_s: float) -> None:
         """Ask for a request's deepest candidate: the request waits at most
         `lookup_timeout_s` for the answer, and `pull_timeout_s` more for a pull."""
         f = Fetch(req_id, candidates, worth, time.monotonic() + lookup_timeout_s,
-                  pull_timeout_s, avoid)
+                  pull_timeout_s)
         with self._lock:
             self._open[req_id] = f
         self._fetches.put(f)
@@ -232,7 +229,7 @@ class FleetLink:
                 with self._lock:  # the request waits for the pull, unless it went on
                     if f.deadline != float("inf"):
                         f.deadline = time.monotonic() + f.pull_timeout_s
-                pulled = self._pull(ks, ranks, f.avoid)
+                pulled = self._pull(ks, ranks)
                 if pulled is None:  # counted by cause; a shallower one would share it
                     self.counts["fetch", "failed"] += 1
                     return
@@ -251,16 +248,14 @@ class FleetLink:
             out = [a and b for a, b in zip(out, tier.backend.exists(names))]
         return out
 
-    def _pull(self, keys: list[bytes], ranks, avoid=frozenset()) -> list[Pulled] | None:
-        """Every rank's shard of every key (a checkpoint's state groups), or none of them;
-        none where the checkpoint names a chunk in `avoid`."""
+    def _pull(self, keys: list[bytes], ranks) -> list[Pulled] | None:
+        """Every rank's shard of every key (a checkpoint's state groups), or none of them."""
         t0 = time.perf_counter()
         done: list[tuple[int, Pulled]] = []
         try:
             for key in keys:
                 for r in ranks:
-                    done.append((r, pull_into_store(self.tiers[r], self._store(r), key,
-                                                    avoid)))
+                    done.append((r, pull_into_store(self.tiers[r], self._store(r), key)))
         except FleetMiss as miss:
             self.counts["pull", miss.cause] += 1
             for r, p in done:  # not every shard: the others must not be restored alone

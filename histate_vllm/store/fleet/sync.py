@@ -4,8 +4,7 @@
 already holds (named by the local manifest's checksums) are not read from disk.
 `pull_into_store` restores one from the fleet tier, whole and checked, into the local store
 through the store's own crash-safe publish, so the engine then restores it like any of its
-own. A chunk the local store holds with other bytes stops the pull: the state was computed
-over the fleet's bytes and must never meet the local ones.
+own; chunks the local store holds already serve as they are (see `pull_into_store`).
 """
 
 from __future__ import annotations
@@ -50,40 +49,25 @@ def publish_from_store(tier: FleetTier, store, key: bytes) -> int:
     return sent if ok else 0
 
 
-def pull_into_store(tier: FleetTier, store, key: bytes, avoid=frozenset()) -> Pulled:
+def pull_into_store(tier: FleetTier, store, key: bytes) -> Pulled:
     """Restore `key` from `tier` into `store` (FleetMiss with a cause otherwise, the local
     store then holding at most chunks no manifest names, which its collector removes).
-    `avoid`: chunk keys the engine holds with its own bytes elsewhere (DRAM): a checkpoint
-    naming one is refused before anything is read or written."""
-    local = {}
 
-    def have(ck: bytes, csum: int) -> bool:
-        if ck in avoid:
-            local[ck] = None
-            return True
-        if not store.has_chunk(ck):
-            return False
-        try:
-            ref = store.chunk_ref(ck)
-        except StoreError:
-            return False
-        if ref.checksum != csum:
-            local[ck] = ref.checksum
-        return True  # same bytes, or a conflict reported below: not read either way
-
-    restored = tier.restore_checkpoint(key, have=have)
-    if local:  # before any write: the books hold these chunks with this engine's bytes
-        tier.counts["restore", "conflict"] += 1
-        raise FleetMiss(key, "conflict", f"{len(local)} chunk(s) held here with other bytes")
+    A chunk the local store holds is neither read nor replaced: it is the KV of the same
+    tokens under the same identity, this engine's computation of them, and it serves the
+    pulled state as the GPU's cached blocks serve a state restored from SSD (vLLM's prefix
+    cache mixes computations of a prefix the same way). The local manifest names the local
+    bytes, so every read is still checked against what is on disk."""
+    restored = tier.restore_checkpoint(key, have=lambda ck, csum: store.has_chunk(ck))
     origin = f"fleet:{restored.provenance}"  # `inspect` shows where it came from
     try:
         for ck, payload in restored.chunks:
-            store.write_chunk(ck, payload, provenance=origin)
+            try:
+                store.write_chunk(ck, payload, provenance=origin)
+            except ChunkConflict:
+                pass  # this engine wrote its own copy meanwhile: that one serves
         store.publish_checkpoint(key, restored.state, position=restored.position,
                                  chunk_keys=restored.chunk_keys, provenance=origin)
-    except ChunkConflict as e:
-        tier.counts["restore", "conflict"] += 1
-        raise FleetMiss(key, "conflict", str(e)) from None
     except StoreError as e:
         tier.counts["restore", "local_store"] += 1
         raise FleetMiss(key, "local_store", str(e)) from None

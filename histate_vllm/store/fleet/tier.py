@@ -16,10 +16,8 @@ from histate_vllm.store.fleet import objects
 from histate_vllm.store.fleet.backends import FleetUnavailable, FleetWriteFailed
 from histate_vllm.store.format import ChecksumAlgo, Kind, StoreIdentity
 
-# The last two only when pulling into a local store (sync.pull_into_store): a chunk held
-# there with other bytes, or a local store that refused the write.
-MISS_CAUSES = ("missing", "corrupt", "truncated", "identity", "unavailable", "conflict",
-               "local_store")
+# The last only when pulling into a local store (sync.pull_into_store) that refused it.
+MISS_CAUSES = ("missing", "corrupt", "truncated", "identity", "unavailable", "local_store")
 
 
 class FleetMiss(Exception):
