@@ -26,6 +26,8 @@ ROW_NAMES = {
     "load": "(b') least-loaded, HiState per engine, no fleet tier",
     "load+fleet": "(b) least-loaded, HiState per engine + fleet tier",
     "load+native": "(c) least-loaded, {native}, shared file tier",
+    "bounded": "(d') consistent_hash with bounded loads, HiState per engine, no fleet tier",
+    "bounded+fleet": "(d) consistent_hash with bounded loads, HiState per engine + fleet tier",
 }
 
 
@@ -41,7 +43,8 @@ def add_parser(sub) -> None:
     _add_inputs(f)
     f.add_argument("--report", type=Path, nargs="+", help="print the tables of saved JSONs")
     f.add_argument("--rows", default="hash,load,load+fleet,load+native",
-                   help="comma-separated rows: hash, load, load+fleet, load+native")
+                   help="comma-separated rows: hash, load, load+fleet, load+native, "
+                   "bounded, bounded+fleet")
     f.add_argument("--engines", type=int, default=4)
     f.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="admission orders, e.g. 0,1,2")
     f.add_argument("--concurrency", type=int, default=None,

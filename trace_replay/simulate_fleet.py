@@ -12,6 +12,9 @@ Rows (`ROWS`): router, caching system, shared tier.
 * `load+native`: least outstanding prefill tokens; vLLM 0.34's native offloading
   (`FleetConfig.native`) per engine, its file tier one directory shared by all engines,
   with the disk of the other rows: N x the SSD budget + the fleet tier's budget.
+* `bounded`, `bounded+fleet`: consistent hashing with bounded loads (a session moves only
+  off an engine over 1.25 x the mean outstanding prefill tokens); without, with the fleet
+  tier.
 The fleet tier's and the shared file tier's transfers go over each engine's own fleet link
 (bandwidth and latency from FleetConfig); every engine has its own SSD drive and
 host-to-device link. One event loop and one clock for the fleet (sim/engine.py).
@@ -50,6 +53,8 @@ ROWS = {
     "load": ("least_loaded", "histate", None),
     "load+fleet": ("least_loaded", "histate", "fleet"),
     "load+native": ("least_loaded", "native", "file"),
+    "bounded": ("bounded_hash", "histate", None),
+    "bounded+fleet": ("bounded_hash", "histate", "fleet"),
 }
 
 

@@ -147,3 +147,21 @@ def test_native_offloading_shares_its_file_tier_across_engines():
     second = rid(prep, "A", 1)
     assert res.hit[second] > 0 and res.fleet_bytes[second] > 0 and res.dram_bytes[second] == 0
     assert files["file_used_bytes"] > 0
+
+
+def test_bounded_hash_keeps_sessions_home_unless_their_engine_is_overloaded():
+    from types import SimpleNamespace
+
+    from trace_replay.sim.fleet import BoundedHash, ConsistentHash
+
+    replay = SimpleNamespace(sessions=[SimpleNamespace(id=f"s{i}", parent=None)
+                                       for i in range(40)])
+    plain, bounded = ConsistentHash(replay, 4), BoundedHash(replay, 4)
+    idle = [SimpleNamespace(outstanding=0) for _ in range(4)]
+    job = SimpleNamespace(input_tokens=1000)
+    homes = [plain(job, s, idle) for s in range(40)]
+    assert [bounded(job, s, idle) for s in range(40)] == homes
+    busy = [SimpleNamespace(outstanding=200_000 if e == homes[0] else 0) for e in range(4)]
+    moved = bounded(job, 0, busy)
+    assert moved != homes[0]  # off the overloaded engine
+    assert all(bounded(job, s, busy) == homes[s] for s in range(40) if homes[s] != homes[0])

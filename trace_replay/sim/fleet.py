@@ -12,6 +12,7 @@ Routers pick an engine per request on arrival:
 * `ConsistentHash`: a hash ring (`VNODES` points per engine, blake2b) over the session id
   of the request's main session (a subagent goes with its parent), as vllm-router's
   `consistent_hash` on `X-Session-ID`: a session stays on one engine.
+* `BoundedHash`: consistent hashing that moves a session only off an overloaded engine.
 * `LeastLoaded`: the engine with the fewest outstanding prefill tokens (the prompt tokens of
   requests routed to it whose first token has not come); ties (idle engines) to the one
   with the fewest requests in flight (prefill or decode), then to the next engine after
@@ -122,4 +123,33 @@ class LeastLoaded:
         return self.last
 
 
-ROUTERS = {c.name: c for c in (ConsistentHash, LeastLoaded)}
+class BoundedHash(ConsistentHash):
+    """Consistent hashing with bounded loads (Mirrokni, Thorup and Zadimoghaddam): a
+    session stays on its ring owner unless that engine's outstanding prefill tokens are
+    over (1 + EPS) x the fleet's mean (and over FLOOR tokens); it then goes to the next
+    engine on the ring within the bound. Sessions move only off an overloaded engine:
+    what a fleet tier lets a router do without throwing the cache away."""
+
+    name = "bounded_hash"
+    EPS = 0.25
+    FLOOR = 16384  # tokens: below this an engine is never overloaded
+
+    def __call__(self, job: Job, session: int, engines: list[Engine]) -> int:
+        n = len(engines)
+        cap = max(self.FLOOR, (1 + self.EPS) * (sum(e.outstanding for e in engines)
+                                                + job.input_tokens) / n)
+        i = bisect.bisect(self.points, _h(self.root[session]))
+        seen: set[int] = set()
+        for k in range(len(self.points)):
+            e = self.owner[(i + k) % len(self.points)]
+            if e in seen:
+                continue
+            if engines[e].outstanding + job.input_tokens <= cap:
+                return e
+            seen.add(e)
+            if len(seen) == n:
+                break
+        return self.owner[i % len(self.points)]
+
+
+ROUTERS = {c.name: c for c in (ConsistentHash, LeastLoaded, BoundedHash)}
