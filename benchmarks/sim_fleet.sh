@@ -21,3 +21,10 @@ for gbps in 0.5 1.5; do
 done
 fleet "$more" --seeds 0 --rows load+fleet,load+native --fleet-read-gbps 0.5 \
     --fleet-write-gbps 0.5 --json "$out/more-0.5.json"
+# Consistent hashing with bounded loads, without and with the tier; the tier also at 5 GB/s.
+fleet "$weka" --seeds 0,1,2 --rows bounded,bounded+fleet --json "$out/weka-bounded.json"
+fleet "$weka" --seeds 0,1,2 --rows bounded+fleet --fleet-read-gbps 5 --fleet-write-gbps 5 \
+    --json "$out/weka-bounded-5.json"
+fleet "$more" --seeds 0 --rows bounded,bounded+fleet --json "$out/more-bounded.json"
+fleet "$more" --seeds 0 --rows bounded+fleet --fleet-read-gbps 5 --fleet-write-gbps 5 \
+    --json "$out/more-bounded-5.json"

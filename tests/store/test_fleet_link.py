@@ -93,7 +93,7 @@ def test_a_chunk_held_here_serves_as_it_is_and_the_manifest_names_its_bytes(tmp_
     b.write_chunk(ck(1), own, provenance="b's own prefill")
     pulled = pull_into_store(fleet(), b, st(4))
     assert pulled.nbytes == 4 * PAGE  # chunks 0, 2, 3 and the state: chunk 1 not read
-    pos, state, chunks = read_back(b, st(4))  # every byte checked against its manifest
+    _, state, chunks = read_back(b, st(4))  # every byte checked against its manifest
     assert state == data["states"][st(4)].tobytes()
     assert dict(chunks)[ck(1)] == own.tobytes() and dict(chunks)[ck(2)] == \
         data["chunks"][ck(2)].tobytes()

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from histate_vllm.store.errors import StoreError
 from histate_vllm.store.fleet import objects
 from histate_vllm.store.fleet.backends import FleetUnavailable
 from histate_vllm.store.fleet.sync import Pulled, publish_from_store, pull_into_store
@@ -261,8 +262,8 @@ class FleetLink:
             for r, p in done:  # not every shard: the others must not be restored alone
                 try:
                     self._store(r).delete_checkpoint(p.key)
-                except Exception:  # its next start removes it as unreconciled
-                    pass
+                except StoreError as e:  # its next start removes it as unreconciled
+                    logger.debug("HiState fleet tier: partial pull left behind: %s", e)
             return None
         nbytes = sum(p.nbytes for _, p in done)
         self.pull_speed.add(nbytes, time.perf_counter() - t0, len(keys))
