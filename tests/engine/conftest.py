@@ -68,6 +68,13 @@ def run_cold(workdir: Path, name: str, spec: dict, chunk: int) -> EngineRun:
     return run
 
 
+def cold_pair(workdir: Path, model: str, requests: list[dict]) -> tuple[EngineRun, EngineRun]:
+    """Two cold references of `requests` (bfloat16 states, 64 blocks), 2048- and 512-token
+    chunks: the first is the reference, the pair is vLLM's own noise (exactness.py)."""
+    spec = dict(model=model, num_gpu_blocks=64, ssm_dtype="bfloat16", requests=requests)
+    return run_cold(workdir, "C1", spec, 2048), run_cold(workdir, "C2", spec, 512)
+
+
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def ssm_dtype(request) -> str:
     """The recurrent-state dtype: float32 is what vLLM picks on AVX-512 BF16 CPUs (384-token

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cold, run_engine
+from conftest import cold_pair, run_engine
 from exactness import matches, measured_tolerance
 from histate_vllm.store.fleet.mooncake_service import MooncakeService
 
@@ -70,9 +70,7 @@ def run_b(tiny_model, work, service):
 
 @pytest.fixture(scope="module")
 def cold(tiny_model, work):
-    spec = dict(model=tiny_model, num_gpu_blocks=64, ssm_dtype="bfloat16",
-                requests=[_req("A2", A2)])
-    return run_cold(work, "C1", spec, 2048), run_cold(work, "C2", spec, 512)
+    return cold_pair(work, tiny_model, [_req("A2", A2)])
 
 
 def test_engine_b_resumes_a_killed_engines_session_exactly(run_b, cold):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cold, run_engine
+from conftest import cold_pair, run_engine
 from exactness import assert_caught, matches, measured_tolerance
 from tamper import swap_fleet_state
 
@@ -76,9 +76,7 @@ def run_b(tiny_model, work, run_a):
 
 @pytest.fixture(scope="module")
 def cold(tiny_model, work):
-    spec = dict(model=tiny_model, num_gpu_blocks=64, ssm_dtype="bfloat16",
-                requests=[_req("A2", A2)])
-    return run_cold(work, "C1", spec, 2048), run_cold(work, "C2", spec, 512)
+    return cold_pair(work, tiny_model, [_req("A2", A2)])
 
 
 @pytest.fixture(scope="module")
