@@ -172,27 +172,12 @@ class Orchestrator:
         are payload bytes, as at admission. Returns (checkpoints, chunks) found."""
         items: list[Item] = []
         seen: set[bytes] = set()
-        bt = self.block_tokens
-        n = max(1, len(self.kv_groups))
         for key, info in checkpoints.items():
-            chunk_keys = list(info.chunk_keys)
-            # A node's parent is the block before it: the state's block is the last one, so
-            # the state hangs off the second-to-last (none for a one-block checkpoint).
-            parent = block_parent = None
-            for i in range(0, len(chunk_keys), n):
-                ck = chunk_keys[i : i + n]
-                block_parent = parent
-                for k in ck:
-                    if k in seen or k not in chunks:
-                        continue
-                    seen.add(k)
-                    items.append(Item(k, k[:-4], block_parent, Kind.KV, (i // n + 1) * bt,
-                                      self.key_bytes(False)))
-                if ck:
-                    parent = ck[0][:-4]
-            items.append(Item(key, key[:-4], block_parent, Kind.STATE, info.position,
-                              self.key_bytes(True)))
-            seen.add(key)
+            for item in self._checkpoint_items(key, info.position, list(info.chunk_keys)):
+                if item.kind == Kind.KV and (item.key in seen or item.key not in chunks):
+                    continue
+                seen.add(item.key)
+                items.append(item)
         for item in items:
             self.entries[item.key] = Entry(is_state=item.kind == Kind.STATE,
                                            position=item.position, nbytes=item.nbytes,

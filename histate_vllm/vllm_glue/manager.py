@@ -373,13 +373,12 @@ class HiStateManager(OffloadingManager):
         fleet = self.fleet
         if fleet is None or not fleet.enabled:
             return True
-        self.admit_pulled()
         rid = request.request_id
         if rid in self._fleet_asked:
-            if fleet.status(rid) == "pending":
-                return False
+            pending = fleet.status(rid) == "pending"  # then what it pulled is in take_pulled
             self.admit_pulled()
-            return True
+            return not pending
+        self.admit_pulled()
         local, candidates = self._fleet_candidates(request, gpu_tokens)
         if not candidates:
             return True

@@ -43,16 +43,17 @@ class Speed:
     alpha: float = 0.3
 
     def add(self, nbytes: int, seconds: float, ops: int) -> None:
+        """One transfer: a large one (1 MiB or more) measures bandwidth, a small one the
+        latency of each of its `ops` checkpoints."""
         if seconds <= 0:
             return
-        lat = seconds / max(ops, 1) if nbytes < (1 << 20) else None
         if nbytes >= (1 << 20):
-            bw = nbytes / seconds
-            self.bandwidth = bw if self.bandwidth is None else (
-                (1 - self.alpha) * self.bandwidth + self.alpha * bw)
-        if lat is not None:
-            self.latency = lat if self.latency is None else (
-                (1 - self.alpha) * self.latency + self.alpha * lat)
+            self.bandwidth = self._ewma(self.bandwidth, nbytes / seconds)
+        else:
+            self.latency = self._ewma(self.latency, seconds / max(ops, 1))
+
+    def _ewma(self, old: float | None, x: float) -> float:
+        return x if old is None else (1 - self.alpha) * old + self.alpha * x
 
     def seconds(self, nbytes: int) -> float | None:
         """Estimated time to move `nbytes` (None until measured)."""
@@ -73,7 +74,6 @@ class Fetch:
     deadline: float
     pull_timeout_s: float = 30.0
     done: bool = False
-    position: int = 0  # what was pulled (0: nothing)
     pulled: list[Pulled] = field(default_factory=list)
 
 
@@ -149,10 +149,6 @@ class FleetLink:
             self._publishes.put_nowait(key)
         except queue.Full:
             self.counts["publish", "skipped_busy"] += 1
-
-    def busy(self) -> bool:
-        with self._lock:
-            return any(not f.done for f in self._open.values())
 
     def wait(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for a fetch to finish (an idle scheduler's step)."""
@@ -234,7 +230,7 @@ class FleetLink:
                 if pulled is None:  # counted by cause; a shallower one would share it
                     self.counts["fetch", "failed"] += 1
                     return
-                f.position, f.pulled = position, pulled
+                f.pulled = pulled
                 self.counts["fetch", "pulled"] += 1
                 return
             self.counts["fetch", "none"] += 1
