@@ -84,6 +84,8 @@ class Residency:
             return
         if lifetime is not None:  # the time of a policy eviction: feeds T_kv / T_state
             self.interval.observe_residence(e.kind is _STATE, lifetime - e.born)
+            if e.kind is not _STATE:  # and the ghost that prices capacity (ghost.py)
+                self.ghost.deleted(e.node.nid, e.nbytes, lifetime, self.ghost_horizon())
         self.index.drop(e)
 
     # -- admission -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ the nodes whose status changes plus O(log n) heap operations; nothing scans the 
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
@@ -18,6 +19,7 @@ from .admission import Residency
 from .base import PolicyCore
 from .events import Event, EventLog
 from .eviction import Evictor, TauModel
+from .ghost import Ghost
 from .index import MANAGED, TIER_BIT, Entry, Node, PrefixIndex
 from .interval import Ema
 from .lookup import lookup
@@ -73,6 +75,8 @@ class HiStatePolicy(Residency, PolicyCore):
         self.ev.index = self.index
         self._dprefix = self._prefix(None)
         self.used = {t: 0 for t in MANAGED}
+        # Capacity's price (ghost.py), decayed over about one turnover of the cache.
+        self.ghost = Ghost(sum(self.budgets.values()))
         self._pins: dict[bytes, int] = {}
         self._gpu: set[bytes] = set()
         self._fixed_groups = kv_groups is not None or state_groups is not None
@@ -376,7 +380,8 @@ class HiStatePolicy(Residency, PolicyCore):
     def plan_captures(self, request_id, block_hashes, num_prompt_tokens, hit_tokens,
                       boundaries=(), identity=None) -> list[int]:
         hit = self.restorable(block_hashes, identity=identity)
-        self._observe_fork(block_hashes, hit.shared, identity)
+        self.interval.observe_segment(self._observe_fork(block_hashes, hit.shared, identity))
+        self._observe_ghost(block_hashes, hit.shared, identity)
         plan = self.planner.plan(num_prompt_tokens, hit_tokens, hit.position, hit.shared,
                                  boundaries)
         positions = [p for p in plan.positions if p != hit.position]
@@ -396,17 +401,55 @@ class HiStatePolicy(Residency, PolicyCore):
                       reason=plan.reason)
         return positions
 
-    def _observe_fork(self, block_hashes, shared: int, identity) -> None:
+    def _observe_fork(self, block_hashes, shared: int, identity) -> bool:
         """An internal hit: the prompt leaves a cached context that continues past `shared`."""
         forks = self.planner.forks
         bt = self.planner.block_tokens
         nb = shared // bt
-        if forks is None or nb == 0 or nb >= len(block_hashes):
-            return
+        if nb == 0 or nb >= len(block_hashes):
+            return False
         prefix = self._prefix(identity)
         n = self.index.nodes.get(prefix + block_hashes[nb - 1])
-        if n is not None and n.children:
+        if n is None or not n.children:
+            return False
+        if forks is not None:
             forks.observe(shared, self._tail_past(n))
+        return True
+
+    def _observe_ghost(self, block_hashes, shared: int, identity) -> None:
+        """The blocks continuing the cached prefix that eviction deleted are wanted again;
+        the share of deleted KV that is prices the model's checkpoints (ghost.py)."""
+        ghost = self.ghost
+        if ghost.blocks:
+            prefix = self._prefix(identity)
+            now, horizon = self.clock(), self.ghost_horizon()
+            start = i = shared // self.planner.block_tokens
+            n, wanted = len(block_hashes), 0
+            nodes = self.index.nodes
+            # The prompt recomputes from `shared` on: everything up to the last block it
+            # would have read had eviction kept the ghost blocks (held blocks past a
+            # deleted one are of no use to a prefix) is what the deletions cost.
+            while i < n:
+                key = prefix + block_hashes[i]
+                if ghost.take(key, now, horizon):
+                    wanted = i + 1
+                elif nodes.get(key) is None:
+                    break
+                i += 1
+            if wanted:
+                ghost.recomputed((wanted - start) * self._block_bytes())
+        self.interval.price = ghost.price
+        budget = sum(self.budgets.values())
+        self.interval.fill = min(1.0, sum(self.used.values()) / budget) if budget else 1.0
+
+    def _block_bytes(self) -> float:
+        kvt = self.interval.kv_bytes_per_token.value or 0.0
+        return kvt * self.planner.block_tokens
+
+    def ghost_horizon(self) -> float:
+        """How long deleted KV counts as displaced: as long as a checkpoint stays (T_state);
+        unbounded until a checkpoint has been evicted."""
+        return self.interval.t_state.get(math.inf)
 
     def _tail_past(self, n) -> int | None:
         """Tokens from n to the end of the one context continuing below it (its leaf

@@ -71,7 +71,7 @@ def place(start: int, end: int, k: int, grid: list[int], observed: list[int],
     checkpoint <= t)] under p = 1/2 uniform over the segment's blocks + 1/2 the observed
     depths, chosen greedily (exact per step). Without `min_gain`: k of them, from the
     uniform grid and the observed depths. With it (tokens of expected recomputation one
-    more checkpoint must save, the interval model's r·N_s): as many as pay for themselves,
+    more checkpoint must save, the interval model's w·N_s): as many as pay for themselves,
     up to `k_max`, from every block boundary; with nothing observed this is the uniform
     optimum the interval model solves, so observed depths add checkpoints only where the
     saving they bring exceeds what one costs."""

@@ -4,6 +4,15 @@ For a new segment of L tokens, I* = argmin_I [ r·(L/I)·N_s + (1/L)·Σ_{t<L} (
 r = T_kv / T_state (EMA residence times of KV chunks and of checkpoints) and N_s the size of
 one checkpoint in KV-token equivalents; continuous solution sqrt(2·L·N_s·r). The discrete
 minimum is taken over multiples of the block size around the continuous one.
+
+The objective weighs one checkpoint's storage against the recomputation of one internal hit
+per segment, a token for a token. Two measured factors make both sides what the workload
+pays: `price`, KV tokens later prompts recompute per KV token eviction deletes (ghost.py),
+and `hit_rate`, internal hits per new segment (the core observes them; 1, the paper's
+assumption, until measured). The weight on storage is w = r·price/hit_rate, and
+I* = sqrt(2·L·N_s·w). Until eviction has deleted anything the price is unknown and a
+checkpoint displaces nothing while the cache has room: w = r·fill, the share of capacity in
+use, which reaches the paper's r as the cache fills.
 """
 
 from __future__ import annotations
@@ -51,6 +60,10 @@ class IntervalModel:
         self.t_kv = Ema(alpha)
         self.t_state = Ema(alpha)
         self.default_ns_tokens = default_ns_tokens or 4.0 * block_tokens
+        self.price: float | None = None  # KV recomputed per KV deleted (ghost.py)
+        self.fill = 1.0  # share of the managed capacity in use; set by the core
+        # Internal hits per segment: decayed counts over ~1024 segments, prior 1 in 16.
+        self._hits = self._segments = 16.0
         self._memo: dict[tuple[int, float, float], int] = {}
 
     # -- observations ------------------------------------------------------------------------
@@ -84,11 +97,31 @@ class IntervalModel:
             return 1.0
         return min(max(tk / ts, 1e-3), 1e3)
 
+    def observe_segment(self, internal_hit: bool) -> None:
+        """One planned segment; `internal_hit`: its prompt left a cached context inside."""
+        d = 1.0 - 1.0 / 1024
+        self._hits = self._hits * d + (1.0 if internal_hit else 0.0)
+        self._segments = self._segments * d + 1.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self._hits / self._segments
+
+    @property
+    def weight(self) -> float:
+        """One KV-token equivalent of checkpoint against one token of an internal hit's
+        recomputation: r·price/hit_rate."""
+        if self.price is None:  # nothing deleted yet: what is placed now displaces only
+            w = self.pressure * self.fill  # once the cache is full
+        else:
+            w = self.pressure * self.price / max(self.hit_rate, 1e-3)
+        return min(max(w, 1e-3), 1e3)
+
     def continuous(self, length: int) -> float:
-        return math.sqrt(2.0 * length * self.ns_tokens * self.pressure)
+        return math.sqrt(2.0 * length * self.ns_tokens * self.weight)
 
     def cost(self, length: int, interval: int) -> float:
-        return self.pressure * (length / interval) * self.ns_tokens + recompute_cost(
+        return self.weight * (length / interval) * self.ns_tokens + recompute_cost(
             length, interval
         )
 
@@ -105,8 +138,8 @@ class IntervalModel:
         if length <= bt:
             return bt
         # The estimates drift a little with every observation; whole tokens and a 1e-3
-        # pressure step are plenty for the choice and let equal lengths share one search.
-        ns, pr = round(self.ns_tokens), round(self.pressure, 3)
+        # weight step are plenty for the choice and let equal lengths share one search.
+        ns, pr = round(self.ns_tokens), round(self.weight, 3)
         key = (length, ns, pr)
         got = self._memo.get(key)
         if got is None:

@@ -115,8 +115,8 @@ class CapturePlanner:
                     m = self.model
                     points = place(start, end, len(points), points, observed, bt,
                                    # The uniform half of the mixture must reproduce I*: a
-                                   # checkpoint pays at half the interval model's r·N_s.
-                                   min_gain=0.5 * m.pressure * m.ns_tokens,
+                                   # checkpoint pays at half the interval model's w·N_s.
+                                   min_gain=0.5 * m.weight * m.ns_tokens,
                                    k_max=self.max_intermediate)
                     notes.append(f"placed for {len(observed)} observed fork depths")
             if self.chunk and self.step_cost_tokens > 0 and self.model.fixed is None:

@@ -1,0 +1,65 @@
+"""What capacity is worth at the margin: a ghost of the KV that eviction deleted.
+
+The interval model prices a checkpoint's bytes as the KV tokens they displace (interval.py).
+That holds when the displaced KV is wanted again; when eviction only deletes data no later
+prompt reads (sessions that ended, contexts a compaction replaced), a checkpoint costs next
+to nothing to hold, and sparse checkpoints leave internal hits recomputing for no saving.
+`Ghost` measures which it is. It remembers the blocks whose KV eviction deleted, for one
+`horizon` (the time a checkpoint stays, T_state: as long as the KV a checkpoint displaces
+would have stayed without it); a prompt whose cached prefix ends where ghost blocks continue
+it marks them wanted. `price` is the KV a later prompt recomputes because of the deletions
+(the wanted blocks and any held ones past them, which a prefix cannot use) per KV byte
+deleted, decayed over about one turnover of the cache; a byte not yet wanted counts as
+unwanted until it is. None until eviction has deleted anything (interval.py then weighs
+storage by how full the cache is).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+MAX_BLOCKS = 1 << 18  # memory bound: ~40 MB of ids, terabytes of KV at real block sizes
+
+
+class Ghost:
+    __slots__ = ("half_life", "blocks", "deleted_bytes", "wanted_bytes")
+
+    def __init__(self, half_life_bytes: int):
+        self.half_life = float(max(1, half_life_bytes))
+        self.blocks: OrderedDict[bytes, tuple[float, int]] = OrderedDict()  # id -> (t, bytes)
+        self.deleted_bytes = 0.0  # decayed sums
+        self.wanted_bytes = 0.0
+
+    def deleted(self, nid: bytes, nbytes: int, now: float, horizon: float) -> None:
+        """Eviction deleted the last copy of `nbytes` of KV of the block `nid`."""
+        d = math.exp(-nbytes / self.half_life)
+        self.deleted_bytes = self.deleted_bytes * d + nbytes
+        self.wanted_bytes *= d
+        blocks = self.blocks
+        _, before = blocks.pop(nid, (now, 0))
+        blocks[nid] = (now, before + nbytes)
+        while blocks:
+            t, _ = next(iter(blocks.values()))
+            if now - t <= horizon and len(blocks) <= MAX_BLOCKS:
+                break
+            blocks.popitem(last=False)
+
+    def take(self, nid: bytes, now: float, horizon: float) -> bool:
+        """A prompt continues its cached prefix with block `nid`: wanted if the ghost has it
+        from within the horizon."""
+        got = self.blocks.pop(nid, None)
+        return got is not None and now - got[0] <= horizon
+
+    def recomputed(self, nbytes: float) -> None:
+        """A prompt recomputes `nbytes` of KV because eviction deleted part of its prefix
+        (the deleted blocks and every held one past them, which a prefix cannot use)."""
+        self.wanted_bytes += nbytes
+
+    @property
+    def price(self) -> float | None:
+        """KV bytes recomputed per KV byte deleted, within the horizon; None before eviction
+        has deleted anything."""
+        if self.deleted_bytes <= 0.0:
+            return None
+        return self.wanted_bytes / self.deleted_bytes
