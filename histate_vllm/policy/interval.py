@@ -64,7 +64,7 @@ class IntervalModel:
         self.fill = 1.0  # share of the managed capacity in use; set by the core
         # Internal hits per segment: decayed counts over ~1024 segments, prior 1 in 16.
         self._hits = self._segments = 16.0
-        self._memo: dict[tuple[int, float, float], int] = {}
+        self._memo: dict[tuple[int, int, float, int], int] = {}
 
     # -- observations ------------------------------------------------------------------------
     def observe_kv_chunk(self, nbytes_all_groups: int) -> None:
@@ -125,9 +125,11 @@ class IntervalModel:
             length, interval
         )
 
-    def choose(self, length: int) -> int:
+    def choose(self, length: int, step_tokens: float = 0.0) -> int:
         """Interval in tokens (a multiple of the block size, >= one block) for a segment.
 
+        `step_tokens`: what else one checkpoint costs, in tokens of prefill (the engine step
+        it adds where it is not a chunk end vLLM takes anyway; chunk_grid.py).
         Exact argmin over block multiples in [bt, L]: start at the continuous optimum and walk
         outwards while the lower bound A/I + (I-1)/2 - I^2/(8L) of the cost (the remainder term
         is -r(I-r)/(2L) >= -I^2/(8L)) can still beat the best so far.
@@ -139,19 +141,20 @@ class IntervalModel:
             return bt
         # The estimates drift a little with every observation; whole tokens and a 1e-3
         # weight step are plenty for the choice and let equal lengths share one search.
-        ns, pr = round(self.ns_tokens), round(self.weight, 3)
-        key = (length, ns, pr)
+        ns, w, step = round(self.ns_tokens), round(self.weight, 3), round(max(step_tokens, 0))
+        key = (length, ns, w, step)
         got = self._memo.get(key)
         if got is None:
             if len(self._memo) > 4096:
                 self._memo.clear()
-            got = self._memo[key] = self._search(length, ns, pr)
+            got = self._memo[key] = self._search(length, w * ns + step)
         return got
 
-    def _search(self, length: int, ns: float, pressure: float) -> int:
+    def _search(self, length: int, per: float) -> int:
+        """per: one checkpoint's cost in tokens of recomputation."""
         bt = self.block_tokens
         kmax = -(-length // bt)
-        a = pressure * length * ns
+        a = per * length
         k0 = min(max(1, round(math.sqrt(2.0 * a) / bt)), kmax)
 
         def cost(k: int) -> float:

@@ -100,7 +100,9 @@ class CapturePlanner:
         interval = 0
         length = end - start
         if length > bt:
-            interval = self.model.choose(length)
+            # Where chunk ends are priced, a checkpoint off vLLM's grid adds an engine step.
+            step = self.step_cost_tokens if self.chunk else 0.0
+            interval = self.model.choose(length, step)
             points = list(range(start + interval, end, interval))
             if not self.max_intermediate:
                 points = []
@@ -116,7 +118,7 @@ class CapturePlanner:
                     points = place(start, end, len(points), points, observed, bt,
                                    # The uniform half of the mixture must reproduce I*: a
                                    # checkpoint pays at half the interval model's w·N_s.
-                                   min_gain=0.5 * m.weight * m.ns_tokens,
+                                   min_gain=0.5 * (m.weight * m.ns_tokens + step),
                                    k_max=self.max_intermediate)
                     notes.append(f"placed for {len(observed)} observed fork depths")
             if self.chunk and self.step_cost_tokens > 0 and self.model.fixed is None:
