@@ -121,3 +121,13 @@ def test_no_interval_checkpoints_when_capped_at_zero():
     for bad in (-1, 1.5, None):
         with pytest.raises(ValueError, match="max_intermediate"):
             CapturePlanner(BT, IntervalModel(BT), max_intermediate=bad)
+
+
+def test_a_checkpoints_engine_step_is_part_of_its_cost():
+    """Where chunk ends are priced a checkpoint also costs the step it adds: with storage
+    free (nothing deleted, an empty cache) the interval is still more than one block."""
+    m = IntervalModel(BT)
+    m.fill = 0.0
+    assert m.choose(64 * BT) == BT
+    assert m.choose(64 * BT, step_tokens=4 * BT) > BT
+    assert m.choose(64 * BT, step_tokens=4 * BT) < m.choose(64 * BT, step_tokens=64 * BT)
