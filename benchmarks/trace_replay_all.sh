@@ -11,7 +11,7 @@
 # Unlimited-host (the limit of any offloading cache); then the replay's noise. SYNTH=0 skips
 # the synthetic workloads (mutation microbenchmark, TraceLab-like), which do not depend on
 # WEKA_DIR. Wall time on 2 cores: about 12 minutes for weka/ (55 sessions), 30 for weka-more/
-# (157), 10 for the synthetic workloads.
+# (157), 15 for the synthetic workloads.
 set -euo pipefail
 weka=${1:?WEKA_DIR}; out=${2:?OUT_DIR}; paper=${3:-4}; raw=${4:-3}
 cd "$(dirname "$0")/.."
@@ -46,7 +46,8 @@ if [[ ${SYNTH:-1} != 0 ]]; then
             sim --synth "mutation:p=$p,seed=$s" --json "$out/mut-p$p-s$s.json"
         done
     done
-    for s in 0 1 2; do
+    # TraceLab-like mix: seeds 0-2 are what the policy was tuned on, 3-7 are not.
+    for s in 0 1 2 3 4 5 6 7; do
         sim --json "$out/tl-s$s.json" --synth \
             "mixed:n_sessions=68,turns=70,system_tokens=9216,new_tokens=1116,output_tokens=233,forks=0,seed=$s"
     done

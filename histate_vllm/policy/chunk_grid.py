@@ -5,10 +5,10 @@ prefill alone in its step ends chunks every `chunk` tokens (its token budget, ro
 blocks), and after any other stop the grid restarts there. A planned checkpoint off that grid
 costs one more engine step (its fixed cost, `step_cost` tokens of prefill); on it, nothing.
 `on_chunk_grid` walks the intermediate checkpoints left to right and keeps each off-grid one
-or moves it to the chunk end before or after it, whichever gives the lowest expected
-recomputation + extra steps under the planner's prior (the uniform one, mixed with observed
-fork depths when there are any: forks.prior). How many checkpoints there are stays the
-planner's choice.
+or moves it to the chunk end before or after it, or drops it where the plan's other stops
+already serve, whichever gives the lowest expected recomputation + extra steps under the
+planner's prior (the uniform one, mixed with observed fork depths when there are any:
+forks.prior).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def on_chunk_grid(points: list[int], fixed: list[int], start: int, end: int, chu
     fixed: the plan's other positions (chunk ends the engine is made to take anyway).
     step_cost: one more engine step, in tokens of prefill, scaled by the prior's uniform
     share as the placement's own threshold is (forks.place). Each choice is exact for the
-    whole plan as it stands, so the plan's cost never rises."""
+    whole plan as it stands, so the plan's cost never rises; a dropped point is left out."""
     if chunk <= 0 or step_cost <= 0 or not points:
         return points
     samples, weights, u = prior_
@@ -55,11 +55,14 @@ def on_chunk_grid(points: list[int], fixed: list[int], start: int, end: int, chu
                 + step_cost * extra_steps(plan, start, end, chunk))
 
     for i, p in enumerate(pts):
-        prev = max([start] + [s for s in fixed + pts[:i] if s < p])
+        if p is None:
+            continue
+        kept = [q for q in pts if q is not None]
+        prev = max([start] + [s for s in fixed + kept if s < p])
         if (p - prev) % chunk == 0:
             continue
-        nxt = min([end] + [s for s in fixed if s > p] + pts[i + 1:])
-        others = fixed + pts[:i] + pts[i + 1:]
+        nxt = min([end] + [s for s in fixed + kept if s > p])
+        others = fixed + [q for j, q in enumerate(pts) if j != i and q is not None]
         best, choice = cost(others + [p]), p
         lo = prev + (p - prev) // chunk * chunk
         for q in (lo, lo + chunk):
@@ -67,5 +70,7 @@ def on_chunk_grid(points: list[int], fixed: list[int], start: int, end: int, chu
                 c = cost(others + [q])
                 if c < best:
                     best, choice = c, q
+        if cost(others) < best:  # the stops around it already serve: its step does not pay
+            choice = None
         pts[i] = choice
-    return pts
+    return [q for q in pts if q is not None]

@@ -36,6 +36,7 @@ REUSED_END = "reused_end"
 LEARNED = "learned"
 BOUNDARY = "boundary"
 INTERVAL = "interval"
+CHUNK_END = "chunk_end"
 
 
 @dataclass(slots=True)
@@ -89,6 +90,11 @@ class CapturePlanner:
             at = m // bt * bt
             if start < at < end:
                 labels.setdefault(at, BOUNDARY)
+        if self.chunk and self.step_cost_tokens > 0:
+            # Where chunk ends are real engine steps, the ones vLLM alone would take keep
+            # their states: they cost no step, and no prompt keeps fewer than without HiState.
+            for at in range(start + self.chunk, end, self.chunk):
+                labels.setdefault(at, CHUNK_END)
         learned = min(shared // bt * bt, end)
         if shared - restorable >= self.learn_min_tokens and learned > start:
             labels.setdefault(learned, LEARNED)

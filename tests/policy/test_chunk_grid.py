@@ -67,7 +67,7 @@ def test_no_chunk_or_no_step_cost_changes_nothing():
 @given(st.integers(2, 120), st.integers(1, 20), st.integers(0, 20),
        st.lists(st.integers(1, 119), min_size=1, max_size=8, unique=True),
        st.integers(1, 2000), st.lists(st.integers(1, 119), max_size=5))
-def test_the_grid_keeps_the_count_and_never_adds_cost(nblocks, chunk_blocks, start_blocks,
+def test_the_grid_never_adds_checkpoints_or_cost(nblocks, chunk_blocks, start_blocks,
                                                       raw, step_cost, forks):
     start = start_blocks * BT
     end = start + nblocks * BT
@@ -78,7 +78,7 @@ def test_the_grid_keeps_the_count_and_never_adds_cost(nblocks, chunk_blocks, sta
     observed = [start + f * BT // 2 for f in forks if start < start + f * BT // 2 < end]
     pr = prior(start, end, BT, observed)
     out = on_chunk_grid(pts, [end], start, end, chunk, step_cost, pr)
-    assert len(out) == len(set(out)) == len(pts)
+    assert len(out) == len(set(out)) <= len(pts)
     assert all(start < p < end and p % BT == 0 for p in out)
 
     def objective(ps):
