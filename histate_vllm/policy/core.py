@@ -439,8 +439,6 @@ class HiStatePolicy(Residency, PolicyCore):
             if wanted:
                 ghost.recomputed((wanted - start) * self._block_bytes())
         self.interval.price = ghost.price
-        budget = sum(self.budgets.values())
-        self.interval.fill = min(1.0, sum(self.used.values()) / budget) if budget else 1.0
 
     def _block_bytes(self) -> float:
         kvt = self.interval.kv_bytes_per_token.value or 0.0

@@ -10,8 +10,8 @@ would have stayed without it); a prompt whose cached prefix ends where ghost blo
 it marks them wanted. `price` is the KV a later prompt recomputes because of the deletions
 (the wanted blocks and any held ones past them, which a prefix cannot use) per KV byte
 deleted, decayed over about one turnover of the cache; a byte not yet wanted counts as
-unwanted until it is. None until eviction has deleted anything (interval.py then weighs
-storage by how full the cache is).
+unwanted until it is. None until eviction has deleted anything (interval.py then uses the
+paper's model).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ per segment, a token for a token. Two measured factors make both sides what the 
 pays: `price`, KV tokens later prompts recompute per KV token eviction deletes (ghost.py),
 and `hit_rate`, internal hits per new segment (the core observes them; 1, the paper's
 assumption, until measured). The weight on storage is w = r·price/hit_rate, and
-I* = sqrt(2·L·N_s·w). Until eviction has deleted anything the price is unknown and a
-checkpoint displaces nothing while the cache has room: w = r·fill, the share of capacity in
-use, which reaches the paper's r as the cache fills.
+I* = sqrt(2·L·N_s·w). Until eviction has deleted anything the price is unknown and w = r,
+the paper's model: pricing storage by how full the cache is instead put dense checkpoints on
+the raw Weka replay's long cold prompts and cost it 5% on one order.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ class IntervalModel:
         self.t_state = Ema(alpha)
         self.default_ns_tokens = default_ns_tokens or 4.0 * block_tokens
         self.price: float | None = None  # KV recomputed per KV deleted (ghost.py)
-        self.fill = 1.0  # share of the managed capacity in use; set by the core
         # Internal hits per segment: decayed counts over ~1024 segments, prior 1 in 16.
         self._hits = self._segments = 16.0
         self._memo: dict[tuple[int, int, float, int], int] = {}
@@ -111,8 +110,8 @@ class IntervalModel:
     def weight(self) -> float:
         """One KV-token equivalent of checkpoint against one token of an internal hit's
         recomputation: r·price/hit_rate."""
-        if self.price is None:  # nothing deleted yet: what is placed now displaces only
-            w = self.pressure * self.fill  # once the cache is full
+        if self.price is None:  # nothing deleted yet: the paper's model
+            w = self.pressure
         else:
             w = self.pressure * self.price / max(self.hit_rate, 1e-3)
         return min(max(w, 1e-3), 1e3)

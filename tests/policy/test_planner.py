@@ -125,9 +125,10 @@ def test_no_interval_checkpoints_when_capped_at_zero():
 
 def test_a_checkpoints_engine_step_is_part_of_its_cost():
     """Where chunk ends are priced a checkpoint also costs the step it adds: with storage
-    free (nothing deleted, an empty cache) the interval is still more than one block."""
+    free (eviction deletes only what nobody reads again) the interval is still more than
+    one block."""
     m = IntervalModel(BT)
-    m.fill = 0.0
+    m.price = 0.0
     assert m.choose(64 * BT) == BT
     assert m.choose(64 * BT, step_tokens=4 * BT) > BT
     assert m.choose(64 * BT, step_tokens=4 * BT) < m.choose(64 * BT, step_tokens=64 * BT)
