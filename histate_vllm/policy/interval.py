@@ -61,7 +61,8 @@ class IntervalModel:
         self.t_state = Ema(alpha)
         self.default_ns_tokens = default_ns_tokens or 4.0 * block_tokens
         self.price: float | None = None  # KV recomputed per KV deleted (ghost.py)
-        # Internal hits per segment: decayed counts over ~1024 segments, prior 1 in 16.
+        # Internal hits per segment: decayed counts over ~1024 segments; the prior, a rate
+        # of 1 (the paper's), weighs as 16 segments.
         self._hits = self._segments = 16.0
         self._memo: dict[tuple[int, int, float, int], int] = {}
 
