@@ -417,8 +417,8 @@ class HiStatePolicy(Residency, PolicyCore):
         return True
 
     def _observe_ghost(self, block_hashes, shared: int, identity) -> None:
-        """The blocks continuing the cached prefix that eviction deleted are wanted again;
-        the share of deleted KV that is prices the model's checkpoints (ghost.py)."""
+        """Blocks eviction deleted that continue the cached prefix are wanted again; what
+        they make the prompt recompute prices the model's checkpoints (ghost.py)."""
         ghost = self.ghost
         if ghost.blocks:
             prefix = self._prefix(identity)

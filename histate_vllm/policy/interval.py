@@ -11,8 +11,8 @@ pays: `price`, KV tokens later prompts recompute per KV token eviction deletes (
 and `hit_rate`, internal hits per new segment (the core observes them; 1, the paper's
 assumption, until measured). The weight on storage is w = r·price/hit_rate, and
 I* = sqrt(2·L·N_s·w). Until eviction has deleted anything the price is unknown and w = r,
-the paper's model: pricing storage by how full the cache is instead put dense checkpoints on
-the raw Weka replay's long cold prompts and cost it 5% on one order.
+the paper's model (storage priced by how full the cache is would put dense checkpoints on
+long cold prompts before anything is known, which the raw Weka replay pays for).
 """
 
 from __future__ import annotations

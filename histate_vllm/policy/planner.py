@@ -90,9 +90,12 @@ class CapturePlanner:
             at = m // bt * bt
             if start < at < end:
                 labels.setdefault(at, BOUNDARY)
-        if self.chunk and self.step_cost_tokens > 0:
-            # Where chunk ends are real engine steps, the ones vLLM alone would take keep
-            # their states: they cost no step, and no prompt keeps fewer than without HiState.
+        # Where chunk ends are priced engine steps (the engine; the simulator's are free).
+        priced = bool(self.chunk) and self.step_cost_tokens > 0
+        step = self.step_cost_tokens if priced else 0.0
+        if priced:
+            # The chunk ends vLLM alone would take keep their states: they cost no step, and
+            # no prompt keeps fewer than without HiState.
             for at in range(start + self.chunk, end, self.chunk):
                 labels.setdefault(at, CHUNK_END)
         learned = min(shared // bt * bt, end)
@@ -106,8 +109,7 @@ class CapturePlanner:
         interval = 0
         length = end - start
         if length > bt:
-            # Where chunk ends are priced, a checkpoint off vLLM's grid adds an engine step.
-            step = self.step_cost_tokens if self.chunk else 0.0
+            # A checkpoint off vLLM's grid adds an engine step where steps are priced.
             interval = self.model.choose(length, step)
             points = list(range(start + interval, end, interval))
             if not self.max_intermediate:
@@ -123,11 +125,11 @@ class CapturePlanner:
                     m = self.model
                     points = place(start, end, len(points), points, observed, bt,
                                    # The uniform half of the mixture must reproduce I*: a
-                                   # checkpoint pays at half the interval model's w·N_s.
+                                   # checkpoint pays at half what choose() charges one.
                                    min_gain=0.5 * (m.weight * m.ns_tokens + step),
                                    k_max=self.max_intermediate)
                     notes.append(f"placed for {len(observed)} observed fork depths")
-            if self.chunk and self.step_cost_tokens > 0 and self.model.fixed is None:
+            if priced and self.model.fixed is None:
                 snapped = on_chunk_grid(points, list(labels), start, end, self.chunk,
                                         self.step_cost_tokens, prior(start, end, bt, observed))
                 if snapped != points:
