@@ -31,9 +31,10 @@ A1 = _tokens(3000)
 A2 = A1 + _tokens(40) + _tokens(264)  # the next turn: A1, its answer, a new message
 B1 = _tokens(2600)  # another session on engine A: the negative control's donor state
 # Served by engine B before A2: B computes A1's first 1792 tokens itself (A checkpoints
-# A1 deeper than that), so A2 resumes from A's checkpoint over KV of which B computed the
-# first blocks (as vLLM's prefix cache mixes computations of a prefix).
-P = A1[:1792] + _tokens(500)
+# A1 deeper than that) and keeps a state at P's prompt end, inside them (at either block
+# size), so A2 resumes from A's checkpoint over KV of which B computed the first blocks
+# (as vLLM's prefix cache mixes computations of a prefix).
+P = A1[:1792] + _tokens(100)
 
 
 def _req(name, prompt):
