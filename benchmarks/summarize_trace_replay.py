@@ -5,11 +5,12 @@
         weka=OUT/weka weka-more=OUT/weka-more
 
 A RESULTS_DIR holds weka-paper-sS.json, weka-shared4-sS.json, weka-raw-sS.json and, with
-the synthetic workloads, mut-pP-sS.json and tl-sS.json (benchmarks/trace_replay_all.sh
-writes them). `--into` rewrites the file's generated blocks, each between
-`<!-- generated: NAME -->` and `<!-- /generated -->`: `headline` (every folder),
-`NAME` (one folder's tables) and `synthetic` (from the first folder that has them); the
-prose around them is the file's own.
+the synthetic workloads, mut-pP-sS.json, tl-sS.json and mooncake-sS.json
+(benchmarks/trace_replay_all.sh writes them). `--into` rewrites the file's generated
+blocks, each between `<!-- generated: NAME -->` and `<!-- /generated -->`: `headline`
+(every folder), `NAME` (one folder's tables) and `synthetic` (the synthetic workloads and
+Mooncake's trace, from the first folder that has them); the prose around them is the
+file's own.
 """
 
 from __future__ import annotations
@@ -510,6 +511,9 @@ def synthetic(d: Path) -> str:
     tl = load(d, "tl-s*.json")
     if tl:
         out += ["#### TraceLab-like workload", "", comparison(tl), ""]
+    mc = load(d, "mooncake-s*.json")
+    if mc:
+        out += ["#### Mooncake conversation trace", "", comparison(mc), ""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -9,9 +9,10 @@
 # (defaults 4 and 3). Every policy runs on every replay: HiState, its ablations, the
 # baselines, vLLM 0.34's native offloading at every swept setting, Unlimited and
 # Unlimited-host (the limit of any offloading cache); then the replay's noise. SYNTH=0 skips
-# the synthetic workloads (mutation microbenchmark, TraceLab-like), which do not depend on
-# WEKA_DIR. Wall time on 2 cores: about 12 minutes for weka/ (55 sessions), 30 for weka-more/
-# (157), 15 for the synthetic workloads.
+# the runs that do not depend on WEKA_DIR: the synthetic workloads (mutation microbenchmark,
+# TraceLab-like) and Mooncake's conversation trace. Wall time on 2 cores: about 15 minutes
+# for weka/ (55 sessions), 55 for weka-more/ (157), 15 for the synthetic workloads and 30
+# for Mooncake's trace.
 set -euo pipefail
 weka=${1:?WEKA_DIR}; out=${2:?OUT_DIR}; paper=${3:-4}; raw=${4:-3}
 cd "$(dirname "$0")/.."
@@ -50,6 +51,11 @@ if [[ ${SYNTH:-1} != 0 ]]; then
     for s in 0 1 2 3 4 5 6 7; do
         sim --json "$out/tl-s$s.json" --synth \
             "mixed:n_sessions=68,turns=70,system_tokens=9216,new_tokens=1116,output_tokens=233,forks=0,seed=$s"
+    done
+    # Mooncake's conversation trace (sessions inferred from prefix chains), 8 admission orders.
+    for s in 0 1 2 3 4 5 6 7; do
+        sim ../shared/traces/mooncake/conversation_trace.jsonl --format mooncake --seed "$s" \
+            --json "$out/mooncake-s$s.json"
     done
 fi
 "$py" benchmarks/summarize_trace_replay.py "$out" > "$out/tables.md"
