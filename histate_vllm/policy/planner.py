@@ -115,8 +115,8 @@ class CapturePlanner:
             if not self.max_intermediate:
                 points = []
             elif len(points) > self.max_intermediate:
-                step = len(points) / self.max_intermediate
-                points = [points[int(i * step)] for i in range(self.max_intermediate)]
+                stride = len(points) / self.max_intermediate
+                points = [points[int(i * stride)] for i in range(self.max_intermediate)]
                 notes.append(f"intermediate points capped at {self.max_intermediate}")
             observed: list[int] = []
             if self.forks is not None and self.model.fixed is None:
