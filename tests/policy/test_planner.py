@@ -132,3 +132,26 @@ def test_a_checkpoints_engine_step_is_part_of_its_cost():
     assert m.choose(64 * BT) == BT
     assert m.choose(64 * BT, step_tokens=4 * BT) > BT
     assert m.choose(64 * BT, step_tokens=4 * BT) < m.choose(64 * BT, step_tokens=64 * BT)
+
+
+def test_capping_the_points_keeps_the_step_cost_in_the_fork_placement(monkeypatch):
+    """With more interval points than `max_intermediate`, the thinning stride must not
+    stand in for the engine step cost that prices each checkpoint in `place`."""
+    import histate_vllm.policy.planner as planner_mod
+
+    seen = []
+    real = planner_mod.place
+
+    def spy(*args, **kw):
+        seen.append(kw["min_gain"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(planner_mod, "place", spy)
+    step = 256
+    p = CapturePlanner(BT, IntervalModel(BT), max_intermediate=2, chunk_tokens=8 * BT,
+                       step_cost_tokens=step)
+    p.forks.observe(40 * BT + 10)
+    plan = p.plan(num_prompt_tokens=400 * BT + 1, hit_tokens=0, restorable=0, shared=0)
+    assert "capped" in plan.reason and seen
+    m = p.model
+    assert seen[-1] == pytest.approx(0.5 * (m.weight * m.ns_tokens + step))
