@@ -47,13 +47,11 @@ if [[ ${SYNTH:-1} != 0 ]]; then
             sim --synth "mutation:p=$p,seed=$s" --json "$out/mut-p$p-s$s.json"
         done
     done
-    # TraceLab-like mix: seeds 0-2 are what the policy was tuned on, 3-7 are not.
+    # 8 orders each of the TraceLab-like mix (seeds 0-2 are what the policy was tuned on,
+    # 3-7 are not) and of Mooncake's conversation trace (sessions inferred from prefix chains).
     for s in 0 1 2 3 4 5 6 7; do
         sim --json "$out/tl-s$s.json" --synth \
             "mixed:n_sessions=68,turns=70,system_tokens=9216,new_tokens=1116,output_tokens=233,forks=0,seed=$s"
-    done
-    # Mooncake's conversation trace (sessions inferred from prefix chains), 8 admission orders.
-    for s in 0 1 2 3 4 5 6 7; do
         sim ../shared/traces/mooncake/conversation_trace.jsonl --format mooncake --seed "$s" \
             --json "$out/mooncake-s$s.json"
     done
