@@ -62,7 +62,9 @@ def make_policy(
         and was not hit within tau, instead of moving live KV down in its place; off by
         default: not a robust win, benchmarks/results_trace_replay.md),
         states_lead (default on: a historical checkpoint moves to SSD ahead of the KV
-        chunks before it, which stay in DRAM; a restart does not keep one written so).
+        chunks before it, which stay in DRAM; a restart does not keep one written so),
+        credit (off by default: until eviction first deletes KV, storage is priced at zero
+        and the dense checkpoints that buys displace nothing; core.py, "Credit").
     """
     if record == "":
         # "{pid}" in the path keeps the engines of one test run apart.

@@ -126,6 +126,9 @@ class Residency:
                 if plan is not None and it.position not in plan:
                     extras.append(it)  # vLLM kept it anyway (dense retention): free space only
                     continue
+                if self._credit and it.position in self._credit.get(it.request_id, ()):
+                    extras.append(it)  # planned on credit: free space only too (core.py)
+                    continue
             sts.append(it)
         if len(kvs) > 1:
             kvs.sort(key=_by_position)
@@ -193,6 +196,11 @@ class Residency:
                 n.t_last = now
             if it.request_id and not n.req and it.kind is _KV:
                 n.req = it.request_id
+            if self._credit and it.kind is _STATE:
+                planned = self._credit.get(it.request_id)
+                if planned and n.position in planned and not n.credit:
+                    n.credit = True
+                    self.credit_nodes.append(n)
         e.pending |= TIER_BIT[tier]
         self.used[tier] += e.nbytes
         if not new:  # `add` already marked what a new entry changes
@@ -204,8 +212,9 @@ class Residency:
                       done: list[tuple[Entry, Item, bool]]) -> None:
         """States outside the capture plan that vLLM offers anyway (it keeps a state at
         every prefill chunk end under dense retention, and then serves hits from them on
-        the GPU). Kept only where they fit without evicting anything, so they never
-        displace what the plan chose; once in, GDS prices them as any inner checkpoint.
+        the GPU), and interval checkpoints planned on credit (core.py). Kept only where
+        they fit without evicting anything, so they never displace what the plan chose;
+        once in, GDS prices them as any inner checkpoint.
         A checkpoint (one state key per state group) is admitted whole or not at all."""
         units: dict[bytes, list[Item]] = {}
         for it in extras:
@@ -216,9 +225,10 @@ class Residency:
             if self.used[tier] + nbytes > budget:
                 for it in unit:
                     plan = sorted(self.plans.get(it.request_id) or ())
-                    self._emit(ev.REJECT, it, tier, f"position {it.position} is not in the "
-                               f"capture plan {plan} and {_NAME[tier]} has no free room",
-                               it.request_id)
+                    why = ("was planned on credit" if it.position in plan else
+                           f"is not in the capture plan {plan}")
+                    self._emit(ev.REJECT, it, tier, f"position {it.position} {why} and "
+                               f"{_NAME[tier]} has no free room", it.request_id)
                 continue
             mark = len(done)
             if not all(self._add_pending(it, tier, now, done) for it in unit):
@@ -281,6 +291,12 @@ class Residency:
             self._flush()
             e = self.ev.next_copy(tier, aside_c, spill is not None)
             if e is not None:
+                if e.kind is _STATE and e.node.credit and not e.resident & TIER_BIT[other]:
+                    self._emit(ev.EVICT, e, tier, "DRAM full; a checkpoint on credit is "
+                               "deleted, not moved to SSD")
+                    out.append((e.key, tier))
+                    self._forget(e, tier, self.clock())
+                    continue
                 if self.ev.stuck:  # a historical checkpoint that cannot move: deleted
                     self._emit(ev.EVICT, e, tier, "DRAM full; historical checkpoint whose "
                                "KV is not on SSD (it cannot move there)")
@@ -354,6 +370,12 @@ class Residency:
         used = self.used
         for e in entries:
             if not e.resident & _DRAM:
+                continue
+            if e.kind is _STATE and e.node.credit and not (e.resident | e.pending) & _SSD:
+                self._emit(ev.EVICT, e, Tier.DRAM, "GDS unit for DRAM; a checkpoint on "
+                           "credit is deleted, not moved to SSD")
+                out.append((e.key, Tier.DRAM))
+                self._forget(e, Tier.DRAM, self.clock())
                 continue
             if not (e.resident | e.pending) & _SSD:
                 e.pending |= _SSD

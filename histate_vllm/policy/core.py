@@ -3,7 +3,19 @@
 Wires the prefix index (index.py), capture planner (planner.py + interval.py), unified GDS
 eviction (eviction.py), asymmetric placement (placement.py) and the event log (events.py)
 behind the `PolicyCore` contract (base.py); the write side (admission, commits, losses,
-restart) is in admission.py. Costs per call: a lookup binary-searches the prompt's committed-KV
+restart) is in admission.py.
+
+Credit (option `credit`, off by default): until eviction first deletes KV, capacity costs
+nothing, so the interval model prices storage at zero (interval.py) and a session's early
+history gets dense checkpoints. They are held on credit, so that they cannot cost the KV
+that the paper's sparse plan would have kept: an interval checkpoint planned on credit is
+admitted only into free room (as the states vLLM keeps outside the plan are), reaches SSD
+only as a backup when the writer has room (under DRAM pressure it is deleted, never moved:
+a move queues a write ahead of KV and holds DRAM slots until it lands), and once eviction
+has deleted KV these checkpoints are the first to go. The measured price then replaces the
+credit only once deleted KV has had one reuse interval to be wanted again (ghost.py).
+
+Costs per call: a lookup binary-searches the prompt's committed-KV
 prefix and walks up to the nearest checkpoint; admissions, commits and evictions touch only
 the nodes whose status changes plus O(log n) heap operations; nothing scans the cache.
 """
@@ -24,7 +36,7 @@ from .index import MANAGED, TIER_BIT, Entry, Node, PrefixIndex
 from .interval import Ema
 from .lookup import lookup
 from .placement import keep_copy
-from .planner import CapturePlanner
+from .planner import INTERVAL, CapturePlanner
 from .types import Hit, Item, Kind, Tier
 
 _DRAM, _SSD = TIER_BIT[Tier.DRAM], TIER_BIT[Tier.SSD]
@@ -58,6 +70,7 @@ class HiStatePolicy(Residency, PolicyCore):
         kv_groups: Sequence[int] | None = None,
         state_groups: Sequence[int] | None = None,
         kv_bytes_per_token: float | None = None,
+        credit: bool = False,
     ):
         self.budgets = {t: int(budgets.get(t, 0)) for t in MANAGED}
         self.planner = planner
@@ -76,7 +89,11 @@ class HiStatePolicy(Residency, PolicyCore):
         self._dprefix = self._prefix(None)
         self.used = {t: 0 for t in MANAGED}
         # Capacity's price (ghost.py), decayed over about one turnover of the cache.
-        self.ghost = Ghost(sum(self.budgets.values()))
+        self.ghost = Ghost(sum(self.budgets.values()), mature=bool(credit))
+        self.credit = bool(credit) and planner.model.fixed is None
+        self.interval.on_credit = self.credit
+        self._credit: dict[str, set[int]] = {}  # request -> interval points planned on credit
+        self.credit_nodes: list[Node] = []  # nodes holding a checkpoint taken on credit
         self._pins: dict[bytes, int] = {}
         self._gpu: set[bytes] = set()
         self._fixed_groups = kv_groups is not None or state_groups is not None
@@ -387,10 +404,13 @@ class HiStatePolicy(Residency, PolicyCore):
         positions = [p for p in plan.positions if p != hit.position]
         plans = self.plans
         plans[request_id] = set(positions)
+        if self.interval.on_credit and plan.interval:
+            self._credit[request_id] = {p for p in positions if plan.labels[p] == INTERVAL}
         self.ev.protected_reqs.add(request_id)
         if len(plans) > MAX_OPEN_PLANS:  # request_finished never came for the oldest
             old, _ = plans.popitem(last=False)
             self.ev.protected_reqs.discard(old)
+            self._credit.pop(old, None)
         bt = self.planner.block_tokens
         if hit.shared > hit.position and hit.shared // bt <= len(block_hashes):
             self.log.emit(ev.MISS, node=block_hashes[hit.shared // bt - 1], position=hit.shared,
@@ -438,7 +458,23 @@ class HiStatePolicy(Residency, PolicyCore):
                 i += 1
             if wanted:
                 ghost.recomputed((wanted - start) * self._block_bytes())
+        if self.credit and ghost.deletions:
+            self._end_credit()
+            ghost.age(self.clock(), self.tau_model.value)
         self.interval.price = ghost.price
+
+    def _end_credit(self) -> None:
+        """Eviction has deleted KV: no more checkpoints on credit, and those taken on it
+        rank below everything else in eviction (eviction.py, `credit_due`)."""
+        if not self.interval.on_credit:
+            return
+        self.interval.on_credit = False
+        self._credit.clear()
+        self.ev.credit_due = True
+        for n in self.credit_nodes:
+            if not n.gone:
+                self.ev.mark(n)
+        self.credit_nodes = []
 
     def _block_bytes(self) -> float:
         kvt = self.interval.kv_bytes_per_token.value or 0.0
@@ -465,6 +501,7 @@ class HiStatePolicy(Residency, PolicyCore):
 
     def request_finished(self, request_id: str) -> None:
         self.plans.pop(request_id, None)
+        self._credit.pop(request_id, None)
         self.ev.protected_reqs.discard(request_id)
 
     def drain_events(self) -> list[Event]:

@@ -58,6 +58,11 @@ def cost_inner(q: float, x: int, a: int, y: int) -> float:
     return (1.0 - q) * (x - a) * (y - x) / y
 
 
+# Subtracted from the H of an intermediate checkpoint taken on credit once eviction deletes
+# KV (core.py, "credit"): below every unit on time, in GDS order among themselves.
+CREDIT_FIRST = 1e12
+
+
 def score(t_last: float, tau: float, cost: float, nbytes: int, token_bytes: float) -> float:
     return t_last + tau * cost / (nbytes / token_bytes)
 
@@ -108,6 +113,7 @@ class Evictor:
         self.index = index
         self.tau = tau
         self.tau_pushed = tau  # the tau of the scores in the heaps
+        self.credit_due = False  # checkpoints taken on credit go first (CREDIT_FIRST)
         # True: SSD never drops a backup (every DRAM copy stays backed on SSD: the mirror
         # that restarts want, at the cost of DRAM capacity that does not add to SSD's).
         self.keep_backups = False
@@ -247,10 +253,13 @@ class Evictor:
                         if r & bs:
                             ms += e.nbytes
                     mb[td], mb[ts] = md, ms
+                    t0 = n.t_last
+                    if n.credit and self.credit_due and n.live_children:
+                        t0 -= CREDIT_FIRST
                     if md:
-                        push(hd, (n.t_last + tau * c / (md / tb), n.nid, vd, n))
+                        push(hd, (t0 + tau * c / (md / tb), n.nid, vd, n))
                     if ms:
-                        push(hs, (n.t_last + tau * c / (ms / tb), n.nid, vs, n))
+                        push(hs, (t0 + tau * c / (ms / tb), n.nid, vs, n))
                 for e in n.st.values():
                     edirty[e] = None
         if edirty:
@@ -380,6 +389,8 @@ class Evictor:
                 aside.append(top)
                 continue
             h = n.t_last + tau * n.cost / (n.mb[t] / tb)  # = score(...), inlined
+            if n.credit and self.credit_due and n.live_children:
+                h -= CREDIT_FIRST
             if h > top[0]:  # refreshed by a hit since it was pushed: re-queue, keep looking
                 heapq.heappush(heap, (h, top[1], top[2], n))
                 continue

@@ -12,30 +12,41 @@ it marks them wanted. `price` is the KV a later prompt recomputes because of the
 deleted, decayed over about one turnover of the cache; a byte not yet wanted counts as
 unwanted until it is. None until eviction has deleted anything (interval.py then uses the
 paper's model).
+
+`mature` (the core's `credit` option): a deleted byte joins the price only once it has gone
+unwanted for `mature` seconds (the reuse time scale, tau) or is wanted. A young ghost
+otherwise prices capacity at zero: sessions that return hours later have not come back yet.
+Until then the price stays None.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 MAX_BLOCKS = 1 << 18  # memory bound: ~40 MB of ids, terabytes of KV at real block sizes
 
 
 class Ghost:
-    __slots__ = ("half_life", "blocks", "deleted_bytes", "wanted_bytes")
+    __slots__ = ("half_life", "blocks", "deleted_bytes", "wanted_bytes", "deletions",
+                 "young", "mature")
 
-    def __init__(self, half_life_bytes: int):
+    def __init__(self, half_life_bytes: int, mature: bool = False):
         self.half_life = float(max(1, half_life_bytes))
         self.blocks: OrderedDict[bytes, tuple[float, int]] = OrderedDict()  # id -> (t, bytes)
         self.deleted_bytes = 0.0  # decayed sums
         self.wanted_bytes = 0.0
+        self.deletions = 0
+        self.mature = mature
+        self.young: deque[tuple[float, int]] = deque()  # (t, bytes) not yet in the sums
 
     def deleted(self, nid: bytes, nbytes: int, now: float, horizon: float) -> None:
         """Eviction deleted the last copy of `nbytes` of KV of the block `nid`."""
-        d = math.exp(-nbytes / self.half_life)
-        self.deleted_bytes = self.deleted_bytes * d + nbytes
-        self.wanted_bytes *= d
+        self.deletions += 1
+        if self.mature:
+            self.young.append((now, nbytes))
+        else:
+            self._count(nbytes)
         blocks = self.blocks
         _, before = blocks.pop(nid, (now, 0))
         blocks[nid] = (now, before + nbytes)
@@ -44,6 +55,17 @@ class Ghost:
             if now - t <= horizon and len(blocks) <= MAX_BLOCKS:
                 break
             blocks.popitem(last=False)
+
+    def _count(self, nbytes: int) -> None:
+        d = math.exp(-nbytes / self.half_life)
+        self.deleted_bytes = self.deleted_bytes * d + nbytes
+        self.wanted_bytes *= d
+
+    def age(self, now: float, after: float) -> None:
+        """(`mature`) Count the deletions at least `after` seconds old."""
+        young = self.young
+        while young and now - young[0][0] >= after:
+            self._count(young.popleft()[1])
 
     def take(self, nid: bytes, now: float, horizon: float) -> bool:
         """A prompt continues its cached prefix with block `nid`: wanted if the ghost has it
@@ -61,5 +83,6 @@ class Ghost:
         """KV bytes recomputed per KV byte deleted, within the horizon; None before eviction
         has deleted anything."""
         if self.deleted_bytes <= 0.0:
-            return None
+            # (`mature`) wanted before any deletion matured: as dear as the KV it deleted
+            return 1.0 if self.wanted_bytes > 0.0 else None
         return self.wanted_bytes / self.deleted_bytes

@@ -53,9 +53,10 @@ class Entry:
 class Node:
     __slots__ = ("nid", "hash", "parent", "children", "position", "kv", "st", "live_children",
                  "bundle", "seg", "t_last", "hver", "cost", "mb", "req", "rkv", "rst", "kok",
-                 "gone")
+                 "gone", "credit")
 
     def __init__(self, nid: bytes, block_hash: bytes, position: int):
+        self.credit = False  # holds a checkpoint taken on credit (core.py)
         self.nid = nid
         self.hash = block_hash
         self.parent: Node | None = None

@@ -13,6 +13,10 @@ assumption, until measured). The weight on storage is w = r·price/hit_rate, and
 I* = sqrt(2·L·N_s·w). Until eviction has deleted anything the price is unknown and w = r,
 the paper's model (storage priced by how full the cache is would put dense checkpoints on
 long cold prompts before anything is known, which the raw Weka replay pays for).
+
+`on_credit` (the core's `credit` option, while eviction has deleted nothing): storage is
+free, w = 0, and the checkpoints so planned are held on terms that let them displace nothing
+(core.py, "credit").
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class IntervalModel:
         self.t_state = Ema(alpha)
         self.default_ns_tokens = default_ns_tokens or 4.0 * block_tokens
         self.price: float | None = None  # KV recomputed per KV deleted (ghost.py)
+        self.on_credit = False  # storage is free until eviction first deletes (core.py)
         # Internal hits per segment: decayed counts over ~1024 segments; the prior, a rate
         # of 1 (the paper's), weighs as 16 segments.
         self._hits = self._segments = 16.0
@@ -111,8 +116,8 @@ class IntervalModel:
     def weight(self) -> float:
         """One KV-token equivalent of checkpoint against one token of an internal hit's
         recomputation: r·price/hit_rate."""
-        if self.price is None:  # nothing deleted yet: the paper's model
-            w = self.pressure
+        if self.price is None:  # not priced yet: free on credit, else the paper's model
+            w = 0.0 if self.on_credit else self.pressure
         else:
             w = self.pressure * self.price / max(self.hit_rate, 1e-3)
         return min(max(w, 1e-3), 1e3)

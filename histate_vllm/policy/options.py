@@ -33,6 +33,7 @@ OPTIONS: dict[str, tuple[Callable[[object], bool], str]] = {
     "keep_backups": (_flag, "true or false"),
     "drop_stuck": (_flag, "true or false"),
     "states_lead": (_flag, "true or false"),
+    "credit": (_flag, "true or false"),
 }
 
 
