@@ -291,11 +291,7 @@ class Residency:
             self._flush()
             e = self.ev.next_copy(tier, aside_c, spill is not None)
             if e is not None:
-                if e.kind is _STATE and e.node.credit and not e.resident & TIER_BIT[other]:
-                    self._emit(ev.EVICT, e, tier, "DRAM full; a checkpoint on credit is "
-                               "deleted, not moved to SSD")
-                    out.append((e.key, tier))
-                    self._forget(e, tier, self.clock())
+                if tier is Tier.DRAM and self._drop_on_credit(e, out, "DRAM full"):
                     continue
                 if self.ev.stuck:  # a historical checkpoint that cannot move: deleted
                     self._emit(ev.EVICT, e, tier, "DRAM full; historical checkpoint whose "
@@ -371,11 +367,7 @@ class Residency:
         for e in entries:
             if not e.resident & _DRAM:
                 continue
-            if e.kind is _STATE and e.node.credit and not (e.resident | e.pending) & _SSD:
-                self._emit(ev.EVICT, e, Tier.DRAM, "GDS unit for DRAM; a checkpoint on "
-                           "credit is deleted, not moved to SSD")
-                out.append((e.key, Tier.DRAM))
-                self._forget(e, Tier.DRAM, self.clock())
+            if self._drop_on_credit(e, out, "GDS unit for DRAM"):
                 continue
             if not (e.resident | e.pending) & _SSD:
                 e.pending |= _SSD
@@ -384,6 +376,17 @@ class Residency:
             self._emit(ev.DEMOTE, e, Tier.DRAM, reason)
             out.append((e.key, Tier.DRAM))
             self._forget(e, Tier.DRAM)
+
+    def _drop_on_credit(self, e: Entry, out: list[tuple[bytes, Tier]], why: str) -> bool:
+        """DRAM pressure on a checkpoint taken on credit that SSD does not hold: deleted, not
+        moved (core.py, "Credit"). False for anything else."""
+        if e.kind is not _STATE or not e.node.credit or (e.resident | e.pending) & _SSD:
+            return False
+        self._emit(ev.EVICT, e, Tier.DRAM, f"{why}; a checkpoint on credit is deleted, "
+                   "not moved to SSD")
+        out.append((e.key, Tier.DRAM))
+        self._forget(e, Tier.DRAM, self.clock())
+        return True
 
     def committed(self, key: bytes, tier: Tier, ok: bool) -> None:
         e = self.index.entries.get(key)

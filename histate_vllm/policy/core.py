@@ -89,8 +89,8 @@ class HiStatePolicy(Residency, PolicyCore):
         self._dprefix = self._prefix(None)
         self.used = {t: 0 for t in MANAGED}
         # Capacity's price (ghost.py), decayed over about one turnover of the cache.
-        self.ghost = Ghost(sum(self.budgets.values()), mature=bool(credit))
         self.credit = bool(credit) and planner.model.fixed is None
+        self.ghost = Ghost(sum(self.budgets.values()), mature=self.credit)
         self.interval.on_credit = self.credit
         self._credit: dict[str, set[int]] = {}  # request -> interval points planned on credit
         self.credit_nodes: list[Node] = []  # nodes holding a checkpoint taken on credit
